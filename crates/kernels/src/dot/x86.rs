@@ -1,0 +1,208 @@
+//! AVX2 / VNNI kernels.
+//!
+//! One generic body per format, instantiated for three ways of computing
+//! 8 lanes of "sum of 4 adjacent u8·i8 products" (exactly the same integers
+//! on every path; `vpmaddubsw` cannot saturate here: |u8·i8 pair| ≤ 2·128·127).
+//! Each entry point carries its `#[target_feature]`, and the `inline(always)`
+//! bodies inherit it, so the intrinsics inline into straight-line code.
+
+use std::arch::x86_64::*;
+
+use super::{TILE, TileFn};
+use crate::act::{BlockQ8, QuantizedRows};
+use crate::format::{QFormat, f16_at};
+use crate::isa::Isa;
+
+trait DotU8I8 {
+    /// Per 32-bit lane: Σ of the four adjacent products u8(u) · i8(s).
+    unsafe fn dot(u: __m256i, s: __m256i) -> __m256i;
+}
+
+struct Avx2;
+impl DotU8I8 for Avx2 {
+    #[inline(always)]
+    unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
+        unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)) }
+    }
+}
+
+struct AvxVnni;
+impl DotU8I8 for AvxVnni {
+    #[inline(always)]
+    unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s) }
+    }
+}
+
+struct Avx512Vnni;
+impl DotU8I8 for Avx512Vnni {
+    #[inline(always)]
+    unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s) }
+    }
+}
+
+/// Sum of the 8 lanes in a fixed order.
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+}
+
+#[inline(always)]
+unsafe fn load_act(a: &BlockQ8) -> __m256i {
+    unsafe { _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i) }
+}
+
+/// 32 nibbles of a Q4 block as u8 lanes 0..15 in element order.
+#[inline(always)]
+unsafe fn unpack_q4(qs: *const u8) -> __m256i {
+    unsafe {
+        let m4 = _mm_set1_epi8(0x0f);
+        let v = _mm_loadu_si128(qs as *const __m128i);
+        let lo = _mm_and_si128(v, m4);
+        let hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+        _mm256_set_m128i(hi, lo)
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_1_tile<D: DotU8I8, const T: usize>(
+    w: &[u8],
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut [f32; TILE],
+) {
+    unsafe {
+        let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
+        let mut acc = [_mm256_setzero_ps(); T];
+        let mut macc = [0.0f32; T];
+        for (b, blk) in w.chunks_exact(QFormat::Q4_1.block_bytes()).enumerate() {
+            let (d, m) = (f16_at(blk, 0), f16_at(blk, 2));
+            let wv = unpack_q4(blk.as_ptr().add(4));
+            for t in 0..T {
+                let a = rows[t].get_unchecked(b);
+                let p = _mm256_cvtepi32_ps(D::dot(wv, load_act(a)));
+                acc[t] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * a.d), acc[t]);
+                macc[t] += m * a.s;
+            }
+        }
+        for t in 0..T {
+            out[t] = hsum(acc[t]) + macc[t];
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_0_tile<D: DotU8I8, const T: usize>(
+    w: &[u8],
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut [f32; TILE],
+) {
+    unsafe {
+        let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
+        let mut acc = [_mm256_setzero_ps(); T];
+        let mut bias = [0.0f32; T];
+        for (b, blk) in w.chunks_exact(QFormat::Q4_0.block_bytes()).enumerate() {
+            let d = f16_at(blk, 0);
+            let wv = unpack_q4(blk.as_ptr().add(2));
+            for t in 0..T {
+                let a = rows[t].get_unchecked(b);
+                let scale = d * a.d;
+                let p = _mm256_cvtepi32_ps(D::dot(wv, load_act(a)));
+                acc[t] = _mm256_fmadd_ps(p, _mm256_set1_ps(scale), acc[t]);
+                // The −8 offset of every nibble, applied once per block.
+                bias[t] += (8 * a.qsum) as f32 * scale;
+            }
+        }
+        for t in 0..T {
+            out[t] = hsum(acc[t]) - bias[t];
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn q8_0_tile<D: DotU8I8, const T: usize>(
+    w: &[u8],
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut [f32; TILE],
+) {
+    unsafe {
+        let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
+        let mut acc = [_mm256_setzero_ps(); T];
+        for (b, blk) in w.chunks_exact(QFormat::Q8_0.block_bytes()).enumerate() {
+            let d = f16_at(blk, 0);
+            let wv = _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i);
+            // u8·i8 instructions: move w's sign onto the activation.
+            let wabs = _mm256_sign_epi8(wv, wv);
+            for t in 0..T {
+                let a = rows[t].get_unchecked(b);
+                let s = _mm256_sign_epi8(load_act(a), wv);
+                let p = _mm256_cvtepi32_ps(D::dot(wabs, s));
+                acc[t] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * a.d), acc[t]);
+            }
+        }
+        for t in 0..T {
+            out[t] = hsum(acc[t]);
+        }
+    }
+}
+
+macro_rules! entry_points {
+    ($name:ident, $dot:ty, $features:literal) => {
+        mod $name {
+            use super::*;
+            macro_rules! dispatch {
+                ($tile:ident, $fn_name:ident) => {
+                    #[target_feature(enable = $features)]
+                    pub(super) unsafe fn $fn_name(
+                        w: &[u8],
+                        acts: &QuantizedRows,
+                        r0: usize,
+                        t: usize,
+                        out: &mut [f32; TILE],
+                    ) {
+                        unsafe {
+                            match t {
+                                1 => $tile::<$dot, 1>(w, acts, r0, out),
+                                2 => $tile::<$dot, 2>(w, acts, r0, out),
+                                3 => $tile::<$dot, 3>(w, acts, r0, out),
+                                _ => $tile::<$dot, 4>(w, acts, r0, out),
+                            }
+                        }
+                    }
+                };
+            }
+            dispatch!(q4_0_tile, q4_0);
+            dispatch!(q4_1_tile, q4_1);
+            dispatch!(q8_0_tile, q8_0);
+
+            pub(super) fn tile_fn(fmt: QFormat) -> TileFn {
+                match fmt {
+                    QFormat::Q4_0 => q4_0,
+                    QFormat::Q4_1 => q4_1,
+                    QFormat::Q8_0 => q8_0,
+                }
+            }
+        }
+    };
+}
+
+entry_points!(avx2, Avx2, "avx2,fma");
+entry_points!(avx_vnni, AvxVnni, "avx2,fma,avxvnni");
+entry_points!(avx512_vnni, Avx512Vnni, "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni");
+
+pub(super) fn tile_fn(isa: Isa, fmt: QFormat) -> TileFn {
+    match isa {
+        Isa::Avx2 => avx2::tile_fn(fmt),
+        Isa::AvxVnni => avx_vnni::tile_fn(fmt),
+        Isa::Avx512Vnni => avx512_vnni::tile_fn(fmt),
+        Isa::Scalar => unreachable!("scalar kernels are dispatched in dot::tile_fn"),
+    }
+}

@@ -1,0 +1,68 @@
+//! Run-time choice of the instruction set for the integer dot products.
+
+use std::fmt;
+
+/// The instruction set a kernel runs on.
+///
+/// Binaries are built for x86-64-v3 (AVX2 + FMA); the VNNI variants are only
+/// entered after [`Isa::supported`] confirmed the CPU has them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust; the reference and the fallback on non-x86 hosts.
+    Scalar,
+    /// `vpmaddubsw` + `vpmaddwd` (Haswell and later).
+    Avx2,
+    /// 256-bit `vpdpbusd` from AVX-VNNI (Alder Lake, Sapphire Rapids, Zen 5).
+    AvxVnni,
+    /// 256-bit `vpdpbusd` from AVX-512 VNNI + VL (Cascade Lake, Ice Lake, Zen 4).
+    Avx512Vnni,
+}
+
+impl Isa {
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni];
+
+    /// The fastest instruction set this CPU supports.
+    pub fn detect() -> Isa {
+        [Isa::AvxVnni, Isa::Avx512Vnni, Isa::Avx2]
+            .into_iter()
+            .find(|isa| isa.supported())
+            .unwrap_or(Isa::Scalar)
+    }
+
+    /// Whether this CPU can run kernels for `self`.
+    pub fn supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            match self {
+                Isa::Scalar => true,
+                Isa::Avx2 => avx2,
+                Isa::AvxVnni => avx2 && is_x86_feature_detected!("avxvnni"),
+                Isa::Avx512Vnni => {
+                    avx2 && is_x86_feature_detected!("avx512vnni")
+                        && is_x86_feature_detected!("avx512vl")
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Isa::Scalar
+        }
+    }
+
+    /// Parses a name as printed by `Display` (`scalar`, `avx2`, `avx-vnni`, `avx512-vnni`).
+    pub fn from_name(name: &str) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|isa| isa.to_string() == name)
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avx-vnni",
+            Isa::Avx512Vnni => "avx512-vnni",
+        })
+    }
+}

@@ -1,0 +1,34 @@
+//! Compute kernels for the specmesh model runtime: quantized weight formats,
+//! activation quantization, matrix multiplication over many rows at once, and
+//! the small vector ops of a transformer layer.
+//!
+//! Two properties drive every kernel here:
+//!
+//! * **Batch invariance.** The result for one activation row is computed by the
+//!   same sequence of floating-point operations whatever other rows share the
+//!   call, however rows are tiled and however output columns are split across
+//!   threads. Greedy speculative decoding is then bit-identical to plain
+//!   decoding, because a token's logits do not depend on the tree around it.
+//! * **Weights are read once per call.** A 1-token decode step is bound by
+//!   memory bandwidth (the weights), so the kernels load each weight block once
+//!   and dot it with every activation row of the call while it sits in L1.
+//!   Verifying k draft tokens then costs far less than k single-token steps.
+//!
+//! The instruction set is chosen once at run time ([`Isa::detect`]): AVX-512
+//! VNNI or AVX-VNNI `vpdpbusd`, else AVX2 `vpmaddubsw`, else portable scalar
+//! code. All integer paths produce identical integer dot products; only the
+//! float accumulation order differs between ISAs (never between calls).
+
+mod act;
+mod dot;
+mod format;
+mod isa;
+mod matmul;
+mod threads;
+pub mod vec;
+
+pub use act::{BlockQ8, QuantizedRows};
+pub use format::{QFormat, WeightLayoutError};
+pub use isa::Isa;
+pub use matmul::{QMatrix, Weights};
+pub use threads::ThreadPool;

@@ -1,0 +1,143 @@
+use super::*;
+use half::f16;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+fn random_quant(format: QFormat, rows: usize, cols: usize, rng: &mut StdRng) -> QMatrix {
+    let mut data = vec![0u8; rows * format.row_bytes(cols)];
+    for blk in data.chunks_exact_mut(format.block_bytes()) {
+        rng.fill(blk);
+        let d = f16::from_f32(rng.random_range(0.001..0.05)).to_bits().to_le_bytes();
+        blk[..2].copy_from_slice(&d);
+        if format == QFormat::Q4_1 {
+            let m = f16::from_f32(rng.random_range(-0.2..0.0)).to_bits().to_le_bytes();
+            blk[2..4].copy_from_slice(&m);
+        }
+    }
+    QMatrix::new(rows, cols, Weights::Quant { format, data }).unwrap()
+}
+
+fn random_acts(k: usize, cols: usize, rng: &mut StdRng) -> Vec<f32> {
+    (0..k * cols).map(|_| rng.random_range(-2.0..2.0)).collect()
+}
+
+/// Exact dot products of the dequantized weights with the f32 activations,
+/// and for each the bound on the error that int8 activations may add
+/// (|x − x̂| ≤ d/2 per element, d = block max / 127).
+fn reference(w: &QMatrix, x: &[f32]) -> Vec<(f64, f64)> {
+    let (n, c) = (w.rows(), w.cols());
+    let mut row = vec![0.0; c];
+    let mut out = vec![(0.0, 0.0); x.len() / c * n];
+    for j in 0..n {
+        w.dequantize_row(j, &mut row);
+        for (r, xr) in x.chunks(c).enumerate() {
+            let exact = row.iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let bound = row
+                .chunks(32)
+                .zip(xr.chunks(32))
+                .map(|(wb, xb)| {
+                    let d = xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+                    wb.iter().map(|v| v.abs() as f64).sum::<f64>() * d / 2.0
+                })
+                .sum();
+            out[r * n + j] = (exact, bound);
+        }
+    }
+    out
+}
+
+const FORMATS: [QFormat; 3] = [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0];
+
+#[test]
+fn every_isa_and_format_matches_the_dequantized_reference() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let pool = ThreadPool::new(2);
+    let mut scratch = QuantizedRows::default();
+    for format in FORMATS {
+        let w = random_quant(format, 37, 96, &mut rng);
+        let x = random_acts(5, 96, &mut rng);
+        let want = reference(&w, &x);
+        for isa in Isa::ALL.into_iter().filter(|i| i.supported()) {
+            let mut out = vec![0.0; 5 * 37];
+            w.forward(&x, &mut scratch, &mut out, isa, &pool);
+            for (o, (exact, bound)) in out.iter().zip(&want) {
+                let err = (*o as f64 - exact).abs();
+                assert!(err <= bound * 1.001 + 1e-4, "{format:?} {isa}: {o} vs {exact} (bound {bound})");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_rows_result_is_bit_identical_whatever_the_batch_and_threads() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut scratch = QuantizedRows::default();
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    for format in FORMATS {
+        let w = random_quant(format, 29, 64, &mut rng);
+        let x = random_acts(19, 64, &mut rng);
+        for isa in Isa::ALL.into_iter().filter(|i| i.supported()) {
+            let mut alone = vec![0.0; 29];
+            let singles: Vec<Vec<f32>> = x
+                .chunks(64)
+                .map(|xr| {
+                    w.forward(xr, &mut scratch, &mut alone, isa, &pools[0]);
+                    alone.clone()
+                })
+                .collect();
+            for k in [1usize, 2, 3, 4, 5, 7, 8, 16, 19] {
+                for pool in &pools {
+                    let mut out = vec![0.0; k * 29];
+                    w.forward(&x[..k * 64], &mut scratch, &mut out, isa, pool);
+                    for r in 0..k {
+                        let got: Vec<u32> = out[r * 29..(r + 1) * 29].iter().map(|v| v.to_bits()).collect();
+                        let want: Vec<u32> = singles[r].iter().map(|v| v.to_bits()).collect();
+                        assert_eq!(got, want, "{format:?} {isa} k={k} row {r} threads={}", pool.threads());
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn f32_weights_are_batch_invariant_too() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let data: Vec<f32> = (0..13 * 40).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let w = QMatrix::new(13, 40, Weights::F32(data)).unwrap();
+    let x = random_acts(6, 40, &mut rng);
+    let pool = ThreadPool::new(2);
+    let mut s = QuantizedRows::default();
+    let mut all = vec![0.0; 6 * 13];
+    w.forward(&x, &mut s, &mut all, Isa::detect(), &pool);
+    let mut one = vec![0.0; 13];
+    w.forward(&x[40..80], &mut s, &mut one, Isa::detect(), &pool);
+    assert_eq!(&all[13..26], &one[..]);
+}
+
+#[test]
+fn stacking_concatenates_output_features() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let a = random_quant(QFormat::Q4_1, 8, 64, &mut rng);
+    let b = random_quant(QFormat::Q4_1, 4, 64, &mut rng);
+    let ab = QMatrix::stack(&[&a, &b]).unwrap();
+    assert_eq!(ab.rows(), 12);
+    let x = random_acts(2, 64, &mut rng);
+    let pool = ThreadPool::new(1);
+    let mut s = QuantizedRows::default();
+    let (mut oa, mut ob, mut oab) = (vec![0.0; 16], vec![0.0; 8], vec![0.0; 24]);
+    a.forward(&x, &mut s, &mut oa, Isa::detect(), &pool);
+    b.forward(&x, &mut s, &mut ob, Isa::detect(), &pool);
+    ab.forward(&x, &mut s, &mut oab, Isa::detect(), &pool);
+    assert_eq!(&oab[..8], &oa[..8]);
+    assert_eq!(&oab[8..12], &ob[..4]);
+    let c = random_quant(QFormat::Q8_0, 4, 64, &mut rng);
+    assert!(QMatrix::stack(&[&a, &c]).is_none());
+}
+
+#[test]
+fn wrong_sizes_are_rejected() {
+    let bad = QMatrix::new(2, 64, Weights::Quant { format: QFormat::Q4_1, data: vec![0; 10] });
+    assert!(matches!(bad, Err(WeightLayoutError::Size { .. })));
+    let unaligned = QMatrix::new(2, 33, Weights::Quant { format: QFormat::Q8_0, data: vec![] });
+    assert!(matches!(unaligned, Err(WeightLayoutError::Unaligned { .. })));
+}

@@ -1,0 +1,92 @@
+//! Vector ops of a transformer layer, written with a fixed evaluation order
+//! (8 independent lanes, then a fixed pairwise reduction) so they vectorize
+//! and still give the same bits for a row whatever the batch around it.
+
+const LANES: usize = 8;
+
+#[inline(always)]
+fn reduce(acc: [f32; LANES]) -> f32 {
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// Σ a\[i\]·b\[i\].
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0.0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s = reduce(acc);
+    for (x, y) in ta.iter().zip(tb) {
+        s += x * y;
+    }
+    s
+}
+
+/// y += a·x.
+#[inline]
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    debug_assert_eq!(x.len(), y.len());
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// out = x / rms(x) · w, rms over the row (RMSNorm, Zhang & Sennrich 2019).
+#[inline]
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss = dot(x, x);
+    let scale = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    for ((o, x), w) in out.iter_mut().zip(x).zip(w) {
+        *o = x * scale * w;
+    }
+}
+
+/// gate = silu(gate) · up, in place (SwiGLU, Shazeer 2020).
+#[inline]
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// In-place softmax; returns nothing, leaves probabilities summing to 1.
+#[inline]
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_matches_naive_sum_closely() {
+        let a: Vec<f32> = (0..37).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let b: Vec<f32> = (0..37).map(|i| (i % 5) as f32 - 2.0).collect();
+        let naive: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert!((dot(&a, &b) - naive).abs() < 1e-3);
+    }
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut x = vec![1.0, 2.0, 3.0, -1e30];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(x[3], 0.0);
+    }
+}
