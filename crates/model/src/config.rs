@@ -1,0 +1,73 @@
+//! Hyper-parameters of a Llama-family model, from GGUF metadata or a Hugging
+//! Face `config.json`.
+
+use serde::{Deserialize, Serialize};
+
+/// How rotary embeddings pair the dimensions of a head.
+///
+/// GGUF files store Q/K rows permuted by llama.cpp's converter so that RoPE
+/// rotates adjacent pairs (2i, 2i+1); Hugging Face checkpoints rotate
+/// (i, i + d/2). The safetensors loader permutes rows into the GGUF order, so
+/// the forward only implements `Interleaved`; the enum records the source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RopeStyle {
+    Interleaved,
+}
+
+/// Shape and constants of a Llama-family transformer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LlamaConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_theta: f32,
+    pub rms_norm_eps: f32,
+    pub max_context: usize,
+    pub rope_style: RopeStyle,
+}
+
+impl LlamaConfig {
+    /// Width of the concatenated K (or V) projections.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Width of the concatenated query heads.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Checks the internal consistency that the forward relies on.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("n_layers", self.n_layers),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
+            ("max_context", self.max_context),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("`{name}` must be > 0"));
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return Err(format!(
+                "`n_heads` ({}) must be a multiple of `n_kv_heads` ({})",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(format!("`head_dim` ({}) must be even", self.head_dim));
+        }
+        if !(self.rope_theta > 0.0) || !(self.rms_norm_eps > 0.0) {
+            return Err("`rope_theta` and `rms_norm_eps` must be > 0".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,126 @@
+//! The model handle: shared weights, a kernel thread pool, and the entry
+//! points of the forward.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use specmesh_kernels::{Isa, ThreadPool};
+
+use crate::block::Block;
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::forward::{self, Scratch};
+use crate::load::{LoadOptions, load_weights};
+use crate::logits::Logits;
+use crate::rope::Rope;
+use crate::sequence::Sequence;
+use crate::weights::Weights;
+
+/// A loaded Llama-family model, or a layer-truncated view of one.
+///
+/// Forward calls on one `Model` are serialised (they share the kernel pool
+/// and scratch buffers); run several sequences in one call with
+/// [`Model::forward_batch`] instead of calling in parallel.
+#[derive(Debug)]
+pub struct Model {
+    pub(crate) weights: Arc<Weights>,
+    pub(crate) rope: Arc<Rope>,
+    pub(crate) n_layers: usize,
+    pub(crate) pool: Arc<ThreadPool>,
+    pub(crate) isa: Isa,
+    pub(crate) scratch: Mutex<Scratch>,
+}
+
+impl Model {
+    /// Loads a GGUF file or a Hugging Face checkpoint directory.
+    pub fn load(path: &Path, opts: &LoadOptions<'_>) -> Result<Model> {
+        let isa = match opts.isa {
+            Some(isa) if !isa.supported() => {
+                return Err(ModelError::InvalidOption(format!(
+                    "kernel ISA `{isa}` is not supported by this CPU (detected: {})",
+                    Isa::detect()
+                )));
+            }
+            Some(isa) => isa,
+            None => Isa::detect(),
+        };
+        let threads = match opts.threads {
+            Some(0) => return Err(ModelError::InvalidOption("`threads` must be >= 1".into())),
+            Some(t) => t,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        let weights = load_weights(path, opts.progress)?;
+        let rope = Rope::new(&weights.config, weights.rope_freq_factors.as_deref());
+        Ok(Model {
+            n_layers: weights.config.n_layers,
+            weights: Arc::new(weights),
+            rope: Arc::new(rope),
+            pool: Arc::new(ThreadPool::new(threads)),
+            isa,
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+
+    /// The model's hyper-parameters (`n_layers` is the full depth; see
+    /// [`Model::n_layers`] for the layers this view runs).
+    pub fn config(&self) -> &LlamaConfig {
+        &self.weights.config
+    }
+
+    /// Layers this model (view) runs.
+    pub fn n_layers(&self) -> usize {
+        self.n_layers
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    /// Weight bytes one forward streams from memory (the floor of a decode step).
+    pub fn streamed_weight_bytes(&self) -> usize {
+        self.weights.streamed_bytes(self.n_layers)
+    }
+
+    /// A view over the first `n_layers` layers, the final norm and the
+    /// lm_head, sharing this model's weights and threads: a cheap
+    /// self-draft model.
+    pub fn truncated(&self, n_layers: usize) -> Result<Model> {
+        if n_layers == 0 || n_layers > self.weights.config.n_layers {
+            return Err(ModelError::InvalidOption(format!(
+                "a truncated view needs 1..={} layers, got {n_layers}",
+                self.weights.config.n_layers
+            )));
+        }
+        Ok(Model {
+            weights: Arc::clone(&self.weights),
+            rope: Arc::clone(&self.rope),
+            n_layers,
+            pool: Arc::clone(&self.pool),
+            isa: self.isa,
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+
+    /// An empty sequence (KV cache) for this model.
+    pub fn new_sequence(&self) -> Sequence {
+        Sequence::new(&self.weights.config, self.n_layers)
+    }
+
+    /// Appends `block` to `seq` (staged) and returns its logits.
+    pub fn forward(&self, seq: &mut Sequence, block: &Block) -> Result<Logits> {
+        let mut out = self.forward_batch(&mut [(seq, block)])?;
+        Ok(out.pop().expect("one result per item"))
+    }
+
+    /// Runs several sequences in one forward: each weight block is read once
+    /// for all their tokens. Every sequence's block is staged; results are in
+    /// input order. Nothing is staged if any item is invalid.
+    pub fn forward_batch(&self, items: &mut [(&mut Sequence, &Block)]) -> Result<Vec<Logits>> {
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        forward::run(self, &mut scratch, items)
+    }
+}

@@ -1,0 +1,166 @@
+//! Per-sequence state: the KV cache of one session, with staged (not yet
+//! accepted) tokens and O(path) commit / O(1) rollback.
+//!
+//! Slots `0..len` hold the committed prefix in position order. A forward
+//! writes its block's K/V into slots `len..len + n` (staged). `commit(path)`
+//! moves the kept tokens' K/V down to `len..len + path.len()` — they are
+//! scattered inside the block when the path is a tree branch — and drops the
+//! rest; `truncate` just lowers `len`.
+
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+
+#[derive(Clone, Debug)]
+pub(crate) struct Staged {
+    positions: Vec<u32>,
+    parents: Vec<Option<u32>>,
+}
+
+/// The KV cache and committed length of one sequence.
+#[derive(Clone, Debug)]
+pub struct Sequence {
+    kv_dim: usize,
+    max_context: usize,
+    len: usize,
+    /// Slots allocated per layer (grows on demand up to `max_context`).
+    capacity: usize,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    staged: Option<Staged>,
+}
+
+impl Sequence {
+    pub(crate) fn new(cfg: &LlamaConfig, n_layers: usize) -> Sequence {
+        Sequence {
+            kv_dim: cfg.kv_dim(),
+            max_context: cfg.max_context,
+            len: 0,
+            capacity: 0,
+            k: vec![Vec::new(); n_layers],
+            v: vec![Vec::new(); n_layers],
+            staged: None,
+        }
+    }
+
+    /// Committed tokens.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Tokens of the last forward not yet committed or discarded.
+    pub fn staged_len(&self) -> usize {
+        self.staged.as_ref().map_or(0, |s| s.positions.len())
+    }
+
+    /// Layers this cache was created for.
+    pub fn n_layers(&self) -> usize {
+        self.k.len()
+    }
+
+    /// Bytes held by the KV cache (what a verifier budgets per session).
+    pub fn kv_bytes(&self) -> usize {
+        2 * self.k.len() * self.capacity * self.kv_dim * std::mem::size_of::<f32>()
+    }
+
+    /// Keeps the staged tokens `kept` — a root-to-node path of the last
+    /// block, in order — as the next committed tokens and drops the others.
+    /// An empty `kept` discards the whole block.
+    pub fn commit(&mut self, kept: &[usize]) -> Result<()> {
+        let staged = self
+            .staged
+            .as_ref()
+            .ok_or_else(|| ModelError::InvalidCommit("no staged block to commit".into()))?;
+        let n = staged.positions.len();
+        for (j, &i) in kept.iter().enumerate() {
+            if i >= n {
+                return Err(ModelError::InvalidCommit(format!(
+                    "index {i} is out of range: the block has {n} tokens"
+                )));
+            }
+            let expected_parent = j.checked_sub(1).map(|p| kept[p] as u32);
+            if staged.parents[i] != expected_parent {
+                return Err(ModelError::InvalidCommit(format!(
+                    "kept tokens must form a root-to-node path: token {i} has parent {:?}, expected {:?}",
+                    staged.parents[i], expected_parent
+                )));
+            }
+            if staged.positions[i] as usize != self.len + j {
+                return Err(ModelError::InvalidCommit(format!(
+                    "token {i} was computed at position {} but would be committed at {}",
+                    staged.positions[i],
+                    self.len + j
+                )));
+            }
+        }
+        let d = self.kv_dim;
+        for (j, &i) in kept.iter().enumerate() {
+            if i == j {
+                continue;
+            }
+            let (src, dst) = ((self.len + i) * d, (self.len + j) * d);
+            for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
+                layer.copy_within(src..src + d, dst);
+            }
+        }
+        self.len += kept.len();
+        self.staged = None;
+        Ok(())
+    }
+
+    /// Drops the staged block.
+    pub fn discard(&mut self) {
+        self.staged = None;
+    }
+
+    /// Rolls the committed prefix back to `len` tokens (no-op if longer) and
+    /// drops any staged block.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        self.staged = None;
+    }
+
+    /// Makes room for `n` staged tokens after the committed prefix.
+    pub(crate) fn reserve(&mut self, n: usize) -> Result<()> {
+        if let Some(s) = &self.staged {
+            return Err(ModelError::Uncommitted {
+                staged: s.positions.len(),
+            });
+        }
+        let need = self.len + n;
+        if need > self.max_context {
+            return Err(ModelError::ContextOverflow {
+                len: self.len,
+                new: n,
+                max: self.max_context,
+            });
+        }
+        if need > self.capacity {
+            let cap = need.max(self.capacity * 2).max(64).min(self.max_context);
+            for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
+                layer.resize(cap * self.kv_dim, 0.0);
+            }
+            self.capacity = cap;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn stage(&mut self, positions: &[u32], parents: Vec<Option<u32>>) {
+        self.staged = Some(Staged {
+            positions: positions.to_vec(),
+            parents,
+        });
+    }
+
+    /// K and V of `layer`, slot-major (`slot × kv_dim`).
+    pub(crate) fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
+        (&self.k[layer], &self.v[layer])
+    }
+
+    pub(crate) fn layer_mut(&mut self, layer: usize) -> (&mut [f32], &mut [f32]) {
+        (&mut self.k[layer], &mut self.v[layer])
+    }
+}

@@ -1,0 +1,106 @@
+//! The immutable weights of a Llama-family model, shared by every sequence
+//! (and by layer-truncated views) through an `Arc`.
+
+use std::sync::Arc;
+
+use specmesh_kernels::{Isa, QMatrix, QuantizedRows, ThreadPool};
+
+use crate::config::LlamaConfig;
+
+/// Projections that read the same input (Q/K/V, gate/up). Stacked into one
+/// matrix when their formats match, so one call quantizes the input once and
+/// splits one set of output features across threads.
+#[derive(Debug)]
+pub(crate) enum Projection {
+    Fused(QMatrix),
+    Split(Vec<QMatrix>),
+}
+
+impl Projection {
+    pub(crate) fn new(parts: Vec<QMatrix>) -> Projection {
+        let refs: Vec<&QMatrix> = parts.iter().collect();
+        match QMatrix::stack(&refs) {
+            Some(m) => Projection::Fused(m),
+            None => Projection::Split(parts),
+        }
+    }
+
+    /// Total output features.
+    pub(crate) fn out_dim(&self) -> usize {
+        match self {
+            Projection::Fused(m) => m.rows(),
+            Projection::Split(ms) => ms.iter().map(QMatrix::rows).sum(),
+        }
+    }
+
+    pub(crate) fn nbytes(&self) -> usize {
+        match self {
+            Projection::Fused(m) => m.nbytes(),
+            Projection::Split(ms) => ms.iter().map(QMatrix::nbytes).sum(),
+        }
+    }
+
+    /// `out` (`k × out_dim`) = x · [W₀; W₁; …]ᵀ.
+    pub(crate) fn forward(
+        &self,
+        x: &[f32],
+        q: &mut QuantizedRows,
+        out: &mut [f32],
+        tmp: &mut Vec<f32>,
+        isa: Isa,
+        pool: &ThreadPool,
+    ) {
+        match self {
+            Projection::Fused(m) => m.forward(x, q, out, isa, pool),
+            Projection::Split(ms) => {
+                let k = x.len() / ms[0].cols();
+                let total = self.out_dim();
+                let mut col = 0;
+                for m in ms {
+                    tmp.resize(k * m.rows(), 0.0);
+                    m.forward(x, q, tmp, isa, pool);
+                    for r in 0..k {
+                        out[r * total + col..r * total + col + m.rows()]
+                            .copy_from_slice(&tmp[r * m.rows()..(r + 1) * m.rows()]);
+                    }
+                    col += m.rows();
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    /// Outputs [q (n_heads·d) | k (n_kv·d) | v (n_kv·d)].
+    pub qkv: Projection,
+    pub wo: QMatrix,
+    pub ffn_norm: Vec<f32>,
+    /// Outputs [gate (ffn) | up (ffn)].
+    pub gate_up: Projection,
+    pub down: QMatrix,
+}
+
+#[derive(Debug)]
+pub(crate) struct Weights {
+    pub config: LlamaConfig,
+    /// Token embeddings, one row per token (possibly the same matrix as `lm_head`).
+    pub embed: Arc<QMatrix>,
+    pub layers: Vec<LayerWeights>,
+    pub norm: Vec<f32>,
+    pub lm_head: Arc<QMatrix>,
+    pub rope_freq_factors: Option<Vec<f32>>,
+}
+
+impl Weights {
+    /// Bytes one forward reads from weights (embeddings excluded: one row per
+    /// token) with the first `n_layers` layers.
+    pub(crate) fn streamed_bytes(&self, n_layers: usize) -> usize {
+        self.layers[..n_layers]
+            .iter()
+            .map(|l| l.qkv.nbytes() + l.wo.nbytes() + l.gate_up.nbytes() + l.down.nbytes())
+            .sum::<usize>()
+            + self.lm_head.nbytes()
+    }
+}
