@@ -38,7 +38,10 @@ impl QuantizedRows {
     /// If `cols` is not a multiple of 32 or `x.len()` is not a multiple of
     /// `cols`; callers check shapes when the weights are loaded.
     pub fn quantize(&mut self, x: &[f32], cols: usize) {
-        assert!(cols % BLOCK == 0 && x.len() % cols == 0, "bad activation shape");
+        assert!(
+            cols % BLOCK == 0 && x.len() % cols == 0,
+            "bad activation shape"
+        );
         self.rows = x.len() / cols;
         self.blocks_per_row = cols / BLOCK;
         self.blocks
@@ -86,7 +89,9 @@ mod tests {
 
     #[test]
     fn quantization_error_is_within_half_a_step() {
-        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.13).collect();
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.13)
+            .collect();
         let mut q = QuantizedRows::default();
         q.quantize(&x, 64);
         for (b, chunk) in q.row(0).iter().zip(x.chunks(32)) {

@@ -6,7 +6,7 @@
 //! depend on k, on the tiling or on the thread split.
 
 use crate::act::QuantizedRows;
-use crate::dot::{TILE, tile_fn};
+use crate::dot::{Out, TILE, WROWS, tile_fn, wrows_for};
 use crate::format::{BLOCK, QFormat, WeightLayoutError};
 use crate::isa::Isa;
 use crate::threads::ThreadPool;
@@ -68,7 +68,11 @@ impl QMatrix {
                 }
             }
         }
-        Ok(QMatrix { rows, cols, weights })
+        Ok(QMatrix {
+            rows,
+            cols,
+            weights,
+        })
     }
 
     /// Stacks matrices with the same `cols` and storage kind into one whose
@@ -157,10 +161,18 @@ impl QMatrix {
         isa: Isa,
         pool: &ThreadPool,
     ) {
-        assert_eq!(x.len() % self.cols, 0, "activation width must be {}", self.cols);
+        assert_eq!(
+            x.len() % self.cols,
+            0,
+            "activation width must be {}",
+            self.cols
+        );
         let k = x.len() / self.cols;
         assert_eq!(out.len(), k * self.rows, "output must be k × {}", self.rows);
-        assert!(isa.supported(), "{isa} kernels are not supported by this CPU");
+        assert!(
+            isa.supported(),
+            "{isa} kernels are not supported by this CPU"
+        );
         let n = self.rows;
         let optr = OutPtr(out.as_mut_ptr());
         match &self.weights {
@@ -171,22 +183,30 @@ impl QMatrix {
                 let rb = format.row_bytes(self.cols);
                 pool.for_ranges(n, &|range| {
                     let optr = optr;
-                    let mut tmp = [0.0f32; TILE];
-                    for j in range {
-                        let w = &data[j * rb..(j + 1) * rb];
-                        let mut r = 0;
-                        while r < k {
-                            let t = (k - r).min(TILE);
-                            // SAFETY: `w` has `cols` elements of `format`, rows
-                            // r..r+t exist in `acts`, and `isa` is supported.
-                            unsafe { tile(w, acts, r, t, &mut tmp) };
-                            for (i, v) in tmp.iter().enumerate().take(t) {
-                                // SAFETY: (r + i) < k and j < n: inside `out`;
-                                // feature j belongs to this thread alone.
-                                unsafe { *optr.0.add((r + i) * n + j) = *v };
+                    let mut tmp: Out = [[0.0; TILE]; WROWS];
+                    let mut r = 0;
+                    while r < k {
+                        let t = (k - r).min(TILE);
+                        let wr = wrows_for(t);
+                        let mut j = range.start;
+                        while j < range.end {
+                            let rows = if range.end - j >= wr { wr } else { 1 };
+                            let w = &data[j * rb..(j + rows) * rb];
+                            // SAFETY: `w` holds `rows` rows of `cols` elements
+                            // of `format`, activation rows r..r+t exist, and
+                            // `isa` is supported.
+                            unsafe { tile(w, rb, rows, acts, r, t, &mut tmp) };
+                            for (jj, res) in tmp.iter().enumerate().take(rows) {
+                                for (i, v) in res.iter().enumerate().take(t) {
+                                    // SAFETY: (r + i) < k and j + jj < n: inside
+                                    // `out`; feature j + jj belongs to this
+                                    // thread alone.
+                                    unsafe { *optr.0.add((r + i) * n + j + jj) = *v };
+                                }
                             }
-                            r += t;
+                            j += rows;
                         }
+                        r += t;
                     }
                 });
             }

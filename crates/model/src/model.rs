@@ -49,7 +49,7 @@ impl Model {
             Some(t) => t,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
-        let weights = load_weights(path, opts.progress)?;
+        let weights = load_weights(path, opts)?;
         let rope = Rope::new(&weights.config, weights.rope_freq_factors.as_deref());
         Ok(Model {
             n_layers: weights.config.n_layers,

@@ -15,14 +15,34 @@ mod x86;
 
 /// Activation rows handled per weight-block load.
 pub(crate) const TILE: usize = 4;
+/// Weight rows handled per tile at most.
+pub(crate) const WROWS: usize = 4;
 
-/// `out[i] = w · acts.row(r0 + i)` for `i < t` (`1 <= t <= TILE`).
+/// Results of one tile: `out[j][i]` for weight row j and activation row i.
+pub(crate) type Out = [[f32; TILE]; WROWS];
+
+/// Weight rows per tile for `t` activation rows: enough independent FMA
+/// chains to hide their latency without spilling registers.
+pub(crate) fn wrows_for(t: usize) -> usize {
+    if t <= 2 { 4 } else { 2 }
+}
+
+/// `out[j][i] = w_j · acts.row(r0 + i)` for `j < r`, `i < t`, where `w_j`
+/// is the `rb`-byte row starting at `w[j * rb]` and `(r, t)` is `(1, 1..=4)`
+/// or `(wrows_for(t), t)`.
 ///
 /// # Safety
-/// `w` must hold exactly `acts.cols()` elements in the tile's format, rows
-/// `r0..r0 + t` must exist, and the CPU must support the tile's ISA.
-pub(crate) type TileFn =
-    unsafe fn(w: &[u8], acts: &QuantizedRows, r0: usize, t: usize, out: &mut [f32; TILE]);
+/// `w` must hold `r` rows of exactly `acts.cols()` elements in the tile's
+/// format, rows `r0..r0 + t` must exist, and the CPU must support the ISA.
+pub(crate) type TileFn = unsafe fn(
+    w: &[u8],
+    rb: usize,
+    r: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    t: usize,
+    out: &mut Out,
+);
 
 /// The tile function for `fmt` on `isa`. The caller guarantees `isa.supported()`.
 pub(crate) fn tile_fn(isa: Isa, fmt: QFormat) -> TileFn {

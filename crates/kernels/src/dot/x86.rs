@@ -8,9 +8,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{TILE, TileFn};
+use super::{Out, TileFn};
 use crate::act::{BlockQ8, QuantizedRows};
-use crate::format::{QFormat, f16_at};
+use crate::format::QFormat;
 use crate::isa::Isa;
 
 trait DotU8I8 {
@@ -70,88 +70,116 @@ unsafe fn unpack_q4(qs: *const u8) -> __m256i {
     }
 }
 
+// Each tile computes R weight rows × T activation rows. Every (weight row,
+// activation row) pair has its own accumulators and sees the blocks in the
+// same order, so its result does not depend on R or T; several pairs per
+// tile only give the CPU independent FMA chains to overlap.
+
 #[inline(always)]
-unsafe fn q4_1_tile<D: DotU8I8, const T: usize>(
+unsafe fn q4_1_tile<D: DotU8I8, const R: usize, const T: usize>(
     w: &[u8],
+    rb: usize,
     acts: &QuantizedRows,
     r0: usize,
-    out: &mut [f32; TILE],
+    out: &mut Out,
 ) {
     unsafe {
         let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
-        let mut acc = [_mm256_setzero_ps(); T];
-        let mut macc = [0.0f32; T];
-        for (b, blk) in w.chunks_exact(QFormat::Q4_1.block_bytes()).enumerate() {
-            let (d, m) = (f16_at(blk, 0), f16_at(blk, 2));
-            let wv = unpack_q4(blk.as_ptr().add(4));
-            for t in 0..T {
-                let a = rows[t].get_unchecked(b);
-                let p = _mm256_cvtepi32_ps(D::dot(wv, load_act(a)));
-                acc[t] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * a.d), acc[t]);
-                macc[t] += m * a.s;
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        let mut macc = [[0.0f32; T]; R];
+        for b in 0..rb / 20 {
+            for j in 0..R {
+                let blk = w.as_ptr().add(j * rb + b * 20);
+                let (d, m) = (f16_ptr(blk), f16_ptr(blk.add(2)));
+                let wv = unpack_q4(blk.add(4));
+                for t in 0..T {
+                    let a = rows[t].get_unchecked(b);
+                    let p = _mm256_cvtepi32_ps(D::dot(wv, load_act(a)));
+                    acc[j][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * a.d), acc[j][t]);
+                    macc[j][t] += m * a.s;
+                }
             }
         }
-        for t in 0..T {
-            out[t] = hsum(acc[t]) + macc[t];
+        for j in 0..R {
+            for t in 0..T {
+                out[j][t] = hsum(acc[j][t]) + macc[j][t];
+            }
         }
     }
 }
 
 #[inline(always)]
-unsafe fn q4_0_tile<D: DotU8I8, const T: usize>(
+unsafe fn q4_0_tile<D: DotU8I8, const R: usize, const T: usize>(
     w: &[u8],
+    rb: usize,
     acts: &QuantizedRows,
     r0: usize,
-    out: &mut [f32; TILE],
+    out: &mut Out,
 ) {
     unsafe {
         let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
-        let mut acc = [_mm256_setzero_ps(); T];
-        let mut bias = [0.0f32; T];
-        for (b, blk) in w.chunks_exact(QFormat::Q4_0.block_bytes()).enumerate() {
-            let d = f16_at(blk, 0);
-            let wv = unpack_q4(blk.as_ptr().add(2));
-            for t in 0..T {
-                let a = rows[t].get_unchecked(b);
-                let scale = d * a.d;
-                let p = _mm256_cvtepi32_ps(D::dot(wv, load_act(a)));
-                acc[t] = _mm256_fmadd_ps(p, _mm256_set1_ps(scale), acc[t]);
-                // The −8 offset of every nibble, applied once per block.
-                bias[t] += (8 * a.qsum) as f32 * scale;
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        let mut bias = [[0.0f32; T]; R];
+        for b in 0..rb / 18 {
+            for j in 0..R {
+                let blk = w.as_ptr().add(j * rb + b * 18);
+                let d = f16_ptr(blk);
+                let wv = unpack_q4(blk.add(2));
+                for t in 0..T {
+                    let a = rows[t].get_unchecked(b);
+                    let scale = d * a.d;
+                    let p = _mm256_cvtepi32_ps(D::dot(wv, load_act(a)));
+                    acc[j][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(scale), acc[j][t]);
+                    // The −8 offset of every nibble, applied once per block.
+                    bias[j][t] += (8 * a.qsum) as f32 * scale;
+                }
             }
         }
-        for t in 0..T {
-            out[t] = hsum(acc[t]) - bias[t];
+        for j in 0..R {
+            for t in 0..T {
+                out[j][t] = hsum(acc[j][t]) - bias[j][t];
+            }
         }
     }
 }
 
 #[inline(always)]
-unsafe fn q8_0_tile<D: DotU8I8, const T: usize>(
+unsafe fn q8_0_tile<D: DotU8I8, const R: usize, const T: usize>(
     w: &[u8],
+    rb: usize,
     acts: &QuantizedRows,
     r0: usize,
-    out: &mut [f32; TILE],
+    out: &mut Out,
 ) {
     unsafe {
         let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
-        let mut acc = [_mm256_setzero_ps(); T];
-        for (b, blk) in w.chunks_exact(QFormat::Q8_0.block_bytes()).enumerate() {
-            let d = f16_at(blk, 0);
-            let wv = _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i);
-            // u8·i8 instructions: move w's sign onto the activation.
-            let wabs = _mm256_sign_epi8(wv, wv);
-            for t in 0..T {
-                let a = rows[t].get_unchecked(b);
-                let s = _mm256_sign_epi8(load_act(a), wv);
-                let p = _mm256_cvtepi32_ps(D::dot(wabs, s));
-                acc[t] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * a.d), acc[t]);
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        for b in 0..rb / 34 {
+            for j in 0..R {
+                let blk = w.as_ptr().add(j * rb + b * 34);
+                let d = f16_ptr(blk);
+                let wv = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                // u8·i8 instructions: move w's sign onto the activation.
+                let wabs = _mm256_sign_epi8(wv, wv);
+                for t in 0..T {
+                    let a = rows[t].get_unchecked(b);
+                    let s = _mm256_sign_epi8(load_act(a), wv);
+                    let p = _mm256_cvtepi32_ps(D::dot(wabs, s));
+                    acc[j][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * a.d), acc[j][t]);
+                }
             }
         }
-        for t in 0..T {
-            out[t] = hsum(acc[t]);
+        for j in 0..R {
+            for t in 0..T {
+                out[j][t] = hsum(acc[j][t]);
+            }
         }
     }
+}
+
+#[inline(always)]
+unsafe fn f16_ptr(p: *const u8) -> f32 {
+    unsafe { half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32() }
 }
 
 macro_rules! entry_points {
@@ -163,17 +191,23 @@ macro_rules! entry_points {
                     #[target_feature(enable = $features)]
                     pub(super) unsafe fn $fn_name(
                         w: &[u8],
+                        rb: usize,
+                        r: usize,
                         acts: &QuantizedRows,
                         r0: usize,
                         t: usize,
-                        out: &mut [f32; TILE],
+                        out: &mut Out,
                     ) {
                         unsafe {
-                            match t {
-                                1 => $tile::<$dot, 1>(w, acts, r0, out),
-                                2 => $tile::<$dot, 2>(w, acts, r0, out),
-                                3 => $tile::<$dot, 3>(w, acts, r0, out),
-                                _ => $tile::<$dot, 4>(w, acts, r0, out),
+                            match (r, t) {
+                                (4, 1) => $tile::<$dot, 4, 1>(w, rb, acts, r0, out),
+                                (4, 2) => $tile::<$dot, 4, 2>(w, rb, acts, r0, out),
+                                (2, 3) => $tile::<$dot, 2, 3>(w, rb, acts, r0, out),
+                                (2, 4) => $tile::<$dot, 2, 4>(w, rb, acts, r0, out),
+                                (_, 1) => $tile::<$dot, 1, 1>(w, rb, acts, r0, out),
+                                (_, 2) => $tile::<$dot, 1, 2>(w, rb, acts, r0, out),
+                                (_, 3) => $tile::<$dot, 1, 3>(w, rb, acts, r0, out),
+                                _ => $tile::<$dot, 1, 4>(w, rb, acts, r0, out),
                             }
                         }
                     }
@@ -196,7 +230,11 @@ macro_rules! entry_points {
 
 entry_points!(avx2, Avx2, "avx2,fma");
 entry_points!(avx_vnni, AvxVnni, "avx2,fma,avxvnni");
-entry_points!(avx512_vnni, Avx512Vnni, "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni");
+entry_points!(
+    avx512_vnni,
+    Avx512Vnni,
+    "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni"
+);
 
 pub(super) fn tile_fn(isa: Isa, fmt: QFormat) -> TileFn {
     match isa {

@@ -6,10 +6,14 @@ fn random_quant(format: QFormat, rows: usize, cols: usize, rng: &mut StdRng) -> 
     let mut data = vec![0u8; rows * format.row_bytes(cols)];
     for blk in data.chunks_exact_mut(format.block_bytes()) {
         rng.fill(blk);
-        let d = f16::from_f32(rng.random_range(0.001..0.05)).to_bits().to_le_bytes();
+        let d = f16::from_f32(rng.random_range(0.001..0.05))
+            .to_bits()
+            .to_le_bytes();
         blk[..2].copy_from_slice(&d);
         if format == QFormat::Q4_1 {
-            let m = f16::from_f32(rng.random_range(-0.2..0.0)).to_bits().to_le_bytes();
+            let m = f16::from_f32(rng.random_range(-0.2..0.0))
+                .to_bits()
+                .to_le_bytes();
             blk[2..4].copy_from_slice(&m);
         }
     }
@@ -61,7 +65,10 @@ fn every_isa_and_format_matches_the_dequantized_reference() {
             w.forward(&x, &mut scratch, &mut out, isa, &pool);
             for (o, (exact, bound)) in out.iter().zip(&want) {
                 let err = (*o as f64 - exact).abs();
-                assert!(err <= bound * 1.001 + 1e-4, "{format:?} {isa}: {o} vs {exact} (bound {bound})");
+                assert!(
+                    err <= bound * 1.001 + 1e-4,
+                    "{format:?} {isa}: {o} vs {exact} (bound {bound})"
+                );
             }
         }
     }
@@ -89,9 +96,17 @@ fn a_rows_result_is_bit_identical_whatever_the_batch_and_threads() {
                     let mut out = vec![0.0; k * 29];
                     w.forward(&x[..k * 64], &mut scratch, &mut out, isa, pool);
                     for r in 0..k {
-                        let got: Vec<u32> = out[r * 29..(r + 1) * 29].iter().map(|v| v.to_bits()).collect();
+                        let got: Vec<u32> = out[r * 29..(r + 1) * 29]
+                            .iter()
+                            .map(|v| v.to_bits())
+                            .collect();
                         let want: Vec<u32> = singles[r].iter().map(|v| v.to_bits()).collect();
-                        assert_eq!(got, want, "{format:?} {isa} k={k} row {r} threads={}", pool.threads());
+                        assert_eq!(
+                            got,
+                            want,
+                            "{format:?} {isa} k={k} row {r} threads={}",
+                            pool.threads()
+                        );
                     }
                 }
             }
@@ -136,8 +151,25 @@ fn stacking_concatenates_output_features() {
 
 #[test]
 fn wrong_sizes_are_rejected() {
-    let bad = QMatrix::new(2, 64, Weights::Quant { format: QFormat::Q4_1, data: vec![0; 10] });
+    let bad = QMatrix::new(
+        2,
+        64,
+        Weights::Quant {
+            format: QFormat::Q4_1,
+            data: vec![0; 10],
+        },
+    );
     assert!(matches!(bad, Err(WeightLayoutError::Size { .. })));
-    let unaligned = QMatrix::new(2, 33, Weights::Quant { format: QFormat::Q8_0, data: vec![] });
-    assert!(matches!(unaligned, Err(WeightLayoutError::Unaligned { .. })));
+    let unaligned = QMatrix::new(
+        2,
+        33,
+        Weights::Quant {
+            format: QFormat::Q8_0,
+            data: vec![],
+        },
+    );
+    assert!(matches!(
+        unaligned,
+        Err(WeightLayoutError::Unaligned { .. })
+    ));
 }

@@ -25,11 +25,12 @@ struct Reader<'a> {
     file: BufReader<File>,
     content: Content,
     progress: Option<Progress<'a>>,
+    dequantize: bool,
     done: u64,
     total: u64,
 }
 
-pub(super) fn load(path: &Path, progress: Option<Progress<'_>>) -> Result<Weights> {
+pub(super) fn load(path: &Path, progress: Option<Progress<'_>>, dequantize: bool) -> Result<Weights> {
     let io = |source| ModelError::Io {
         path: path.to_owned(),
         source,
@@ -44,6 +45,7 @@ pub(super) fn load(path: &Path, progress: Option<Progress<'_>>) -> Result<Weight
         total: 0,
         done: 0,
         progress,
+        dequantize,
         content,
     };
     r.check_extent(file_len)?;
@@ -234,7 +236,7 @@ impl Reader<'_> {
             _ => None,
         };
         let weights = match native {
-            Some(format) if cols % 32 == 0 => {
+            Some(format) if cols % 32 == 0 && !self.dequantize => {
                 let mut data = vec![0u8; tensor_bytes(&info) as usize];
                 let start = self.content.tensor_data_offset + info.offset;
                 self.file

@@ -21,6 +21,9 @@ pub struct LoadOptions<'a> {
     pub isa: Option<specmesh_kernels::Isa>,
     /// Called as weights are read.
     pub progress: Option<Progress<'a>>,
+    /// Dequantize every weight to f32 and skip activation quantization: a
+    /// slow, high-precision reference for accuracy comparisons.
+    pub dequantize: bool,
 }
 
 impl std::fmt::Debug for LoadOptions<'_> {
@@ -28,6 +31,7 @@ impl std::fmt::Debug for LoadOptions<'_> {
         f.debug_struct("LoadOptions")
             .field("threads", &self.threads)
             .field("isa", &self.isa)
+            .field("dequantize", &self.dequantize)
             .finish_non_exhaustive()
     }
 }
@@ -59,9 +63,10 @@ impl ModelFormat {
     }
 }
 
-pub(crate) fn load_weights(path: &Path, progress: Option<Progress<'_>>) -> Result<Weights> {
+pub(crate) fn load_weights(path: &Path, opts: &LoadOptions<'_>) -> Result<Weights> {
+    let progress = opts.progress;
     match ModelFormat::detect(path)? {
-        ModelFormat::Gguf => gguf::load(path, progress),
+        ModelFormat::Gguf => gguf::load(path, progress, opts.dequantize),
         ModelFormat::Safetensors => safetensors::load(path, progress),
     }
 }

@@ -24,7 +24,11 @@ pub fn model_path() -> PathBuf {
 pub fn model() -> &'static Model {
     static MODEL: OnceLock<Model> = OnceLock::new();
     MODEL.get_or_init(|| {
-        Model::load(&model_path(), &LoadOptions::default()).expect("loading the test model")
+        let opts = LoadOptions {
+            dequantize: std::env::var_os("SPECMESH_TEST_DEQUANTIZE").is_some(),
+            ..LoadOptions::default()
+        };
+        Model::load(&model_path(), &opts).expect("loading the test model")
     })
 }
 

@@ -1,0 +1,95 @@
+//! Loading the model and tokenizer in-process, shared by the commands.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use specmesh_model::{Isa, LoadOptions, Model, ModelFormat};
+use specmesh_tokenizer::Tokenizer;
+
+use crate::commands::fetch;
+
+/// Model selection flags shared by the local commands.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A GGUF file or a Hugging Face model directory. Default: the model
+    /// fetched by `specmesh model fetch`.
+    #[arg(long, env = "SPECMESH_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Compute threads (default: all cores).
+    #[arg(long, env = "SPECMESH_THREADS")]
+    pub threads: Option<usize>,
+    /// Kernel instruction set: scalar, avx2, avx-vnni, avx512-vnni (default: the best available).
+    #[arg(long, env = "SPECMESH_ISA", value_parser = parse_isa)]
+    pub isa: Option<Isa>,
+}
+
+fn parse_isa(s: &str) -> Result<Isa, String> {
+    Isa::from_name(s).ok_or_else(|| format!("unknown ISA `{s}`: use scalar, avx2, avx-vnni or avx512-vnni"))
+}
+
+impl ModelArgs {
+    pub fn path(&self) -> Result<PathBuf> {
+        match &self.model {
+            Some(p) => Ok(p.clone()),
+            None => {
+                let p = fetch::default_model_path()?;
+                anyhow::ensure!(
+                    p.exists(),
+                    "no --model given and the default model is not at {}: run `specmesh model fetch` first",
+                    p.display()
+                );
+                Ok(p)
+            }
+        }
+    }
+
+    pub fn load_tokenizer(&self) -> Result<Tokenizer> {
+        let path = self.path()?;
+        let tok = match ModelFormat::detect(&path)? {
+            ModelFormat::Gguf => Tokenizer::from_gguf_path(&path),
+            ModelFormat::Safetensors => Tokenizer::from_hf_dir(&path),
+        };
+        tok.with_context(|| format!("loading the tokenizer of {}", path.display()))
+    }
+
+    pub fn load_model(&self) -> Result<Model> {
+        let path = self.path()?;
+        let bar = progress_bar(&path);
+        let tick = |done: u64, total: u64| {
+            if let Some(b) = &bar {
+                b.set_length(total);
+                b.set_position(done);
+            }
+        };
+        let opts = LoadOptions {
+            threads: self.threads,
+            isa: self.isa,
+            progress: Some(&tick),
+        };
+        let model = Model::load(&path, &opts);
+        if let Some(b) = &bar {
+            b.finish_and_clear();
+        }
+        Ok(model?)
+    }
+}
+
+/// A bar on a terminal, nothing when stderr is piped (logs, tests, CI).
+fn progress_bar(path: &Path) -> Option<ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!(
+        "loading {}",
+        path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+    ));
+    Some(bar)
+}

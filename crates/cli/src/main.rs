@@ -1,0 +1,41 @@
+//! `specmesh`: the project's command line.
+
+mod commands;
+mod local;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "specmesh", version, about = "Distributed speculative decoding for LLM serving")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Manage model files.
+    #[command(subcommand)]
+    Model(commands::fetch::ModelCommand),
+    /// Generate text.
+    Generate(commands::generate::Args),
+    /// Print the token ids (and pieces) of a text.
+    Tokenize(commands::tokenize::Args),
+    /// Measure the model runtime: prefill, decode and the verify cost curve.
+    BenchModel(commands::bench_model::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Model(c) => commands::fetch::run(c),
+        Command::Generate(a) => commands::generate::run(a),
+        Command::Tokenize(a) => commands::tokenize::run(a),
+        Command::BenchModel(a) => commands::bench_model::run(a),
+    };
+    if let Err(e) = result {
+        // One line a user can act on; the chain gives the cause.
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

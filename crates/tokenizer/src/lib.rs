@@ -1,0 +1,345 @@
+//! Text ⇄ token ids for specmesh: builds a tokenizer from a GGUF file's
+//! metadata (or a Hugging Face tokenizer directory) that tokenizes exactly
+//! like llama.cpp, decodes token streams without ever splitting a UTF-8
+//! character, and renders the model's chat template the way Hugging Face's
+//! `apply_chat_template` does.
+//!
+//! Encoding runs through a `tokenizers` pipeline (BPE model, llama.cpp's
+//! pre-tokenizer regexes, control/user-defined tokens as added tokens).
+//! Decoding uses a per-token byte table owned by this crate, so that
+//! [`IncrementalDecoder`] and [`Tokenizer::decode`] agree byte for byte.
+
+#![forbid(unsafe_code)]
+
+mod chat;
+mod decoder;
+mod error;
+mod gguf;
+mod hf;
+mod pieces;
+mod pretok;
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use decoder::IncrementalDecoder;
+pub use error::TokenizerError;
+
+/// One chat turn, as passed to a chat template (`messages` in Jinja).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with the given role ("system", "user", "assistant", ...).
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// End-of-turn markers used by common chat templates; when a template uses
+/// one and it is in the vocabulary, generating it ends the turn.
+const END_OF_TURN_TOKENS: &[&str] = &[
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<end_of_turn>",
+    "<|end|>",
+    "<|END_OF_TURN_TOKEN|>",
+    "<|endofturn|>",
+];
+
+/// What a loader (GGUF or Hugging Face) hands over to build a [`Tokenizer`].
+pub(crate) struct Parts {
+    pub encoder: tokenizers::Tokenizer,
+    /// Vocabulary string per id; `None` for ids the vocabulary skips.
+    pub pieces: Vec<Option<String>>,
+    /// Bytes each id decodes to.
+    pub piece_bytes: Vec<Vec<u8>>,
+    /// Ids dropped by `decode(.., skip_special = true)`.
+    pub special: Vec<bool>,
+    /// SentencePiece models prepend a space when encoding; decoding drops it.
+    pub strip_leading_space: bool,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    /// Further ids that end generation (eot/eom ids, generation_config.json).
+    pub extra_eos: Vec<u32>,
+    pub add_bos: bool,
+    pub chat_template: Option<String>,
+    /// Where the chat template was looked for, for the "no template" error.
+    pub template_origin: &'static str,
+    pub warnings: Vec<String>,
+}
+
+struct Inner {
+    /// Parses special tokens out of the text.
+    encoder: tokenizers::Tokenizer,
+    /// Same pipeline, but special tokens in the text are tokenized as plain text.
+    plain_encoder: tokenizers::Tokenizer,
+    pieces: Vec<Option<String>>,
+    piece_bytes: Vec<Vec<u8>>,
+    special: Vec<bool>,
+    strip_leading_space: bool,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    eos_ids: Vec<u32>,
+    add_bos: bool,
+    chat_template: Option<String>,
+    template_origin: &'static str,
+    warnings: Vec<String>,
+}
+
+/// A tokenizer loaded from a model. Cheap to clone (shared internals).
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("bos_token_id", &self.inner.bos)
+            .field("eos_token_ids", &self.inner.eos_ids)
+            .field("add_bos_token", &self.inner.add_bos)
+            .field("has_chat_template", &self.has_chat_template())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tokenizer {
+    /// Build from the metadata of an already-parsed GGUF file.
+    pub fn from_gguf(
+        content: &candle_core::quantized::gguf_file::Content,
+    ) -> Result<Self, TokenizerError> {
+        gguf::parts_from_metadata(&content.metadata).and_then(Self::from_parts)
+    }
+
+    /// Open a GGUF file and build from its metadata; tensor data is not read.
+    pub fn from_gguf_path(path: &Path) -> Result<Self, TokenizerError> {
+        let content = gguf::read_header(path)?;
+        Self::from_gguf(&content)
+    }
+
+    /// Build from a Hugging Face model directory: `tokenizer.json`, plus
+    /// `tokenizer_config.json` (chat template, bos/eos, add_bos_token),
+    /// `chat_template.jinja` and `generation_config.json` when present.
+    pub fn from_hf_dir(dir: &Path) -> Result<Self, TokenizerError> {
+        hf::parts_from_dir(dir).and_then(Self::from_parts)
+    }
+
+    fn from_parts(parts: Parts) -> Result<Self, TokenizerError> {
+        let mut plain_encoder = parts.encoder.clone();
+        plain_encoder.set_encode_special_tokens(true);
+
+        let mut eos_ids: Vec<u32> = parts.eos.into_iter().chain(parts.extra_eos).collect();
+        if let Some(template) = &parts.chat_template {
+            for marker in END_OF_TURN_TOKENS {
+                if template.contains(marker)
+                    && let Some(id) = parts.encoder.token_to_id(marker)
+                {
+                    eos_ids.push(id);
+                }
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        eos_ids.retain(|id| seen.insert(*id));
+
+        if parts.add_bos && parts.bos.is_none() {
+            return Err(TokenizerError::MissingBos);
+        }
+
+        Ok(Self {
+            inner: Arc::new(Inner {
+                encoder: parts.encoder,
+                plain_encoder,
+                pieces: parts.pieces,
+                piece_bytes: parts.piece_bytes,
+                special: parts.special,
+                strip_leading_space: parts.strip_leading_space,
+                bos: parts.bos,
+                eos: parts.eos,
+                eos_ids,
+                add_bos: parts.add_bos,
+                chat_template: parts.chat_template,
+                template_origin: parts.template_origin,
+                warnings: parts.warnings,
+            }),
+        })
+    }
+
+    /// Tokenize `text`. With `parse_special`, control tokens written in the
+    /// text (e.g. `<|im_start|>`) become their single id; without it they are
+    /// tokenized as ordinary characters. Never adds BOS.
+    pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        let encoder = if parse_special {
+            &self.inner.encoder
+        } else {
+            &self.inner.plain_encoder
+        };
+        let encoding = encoder
+            .encode_fast(text, false)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Tokenize a prompt as the model expects it: special tokens parsed, BOS
+    /// prepended iff the model's metadata says `add_bos_token`.
+    pub fn encode_for_model(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let ids = self.encode(text, true)?;
+        match (self.inner.add_bos, self.inner.bos) {
+            (true, Some(bos)) => Ok(std::iter::once(bos).chain(ids).collect()),
+            (true, None) => Err(TokenizerError::MissingBos),
+            (false, _) => Ok(ids),
+        }
+    }
+
+    /// Turn ids back into text. Bytes that are not valid UTF-8 become U+FFFD.
+    /// With `skip_special`, control (and unknown) tokens produce no text.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            if let Some(piece) = self.bytes_of(id, skip_special)? {
+                bytes.extend_from_slice(piece);
+            }
+        }
+        if self.inner.strip_leading_space && bytes.first() == Some(&b' ') {
+            bytes.remove(0);
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// The bytes `id` contributes to decoded text, `None` when skipped.
+    pub(crate) fn bytes_of(
+        &self,
+        id: u32,
+        skip_special: bool,
+    ) -> Result<Option<&[u8]>, TokenizerError> {
+        let index = id as usize;
+        if !matches!(self.inner.pieces.get(index), Some(Some(_))) {
+            return Err(TokenizerError::UnknownTokenId {
+                id,
+                vocab_size: self.vocab_size(),
+            });
+        }
+        if skip_special && self.is_special(id) {
+            return Ok(None);
+        }
+        Ok(self.inner.piece_bytes.get(index).map(Vec::as_slice))
+    }
+
+    pub(crate) fn strips_leading_space(&self) -> bool {
+        self.inner.strip_leading_space
+    }
+
+    /// The vocabulary string of `id` (e.g. `Ġworld`), for debugging output.
+    pub fn token_piece(&self, id: u32) -> Option<String> {
+        self.inner.pieces.get(id as usize).cloned().flatten()
+    }
+
+    /// The id whose vocabulary string is exactly `piece`.
+    pub fn token_id(&self, piece: &str) -> Option<u32> {
+        self.inner.encoder.token_to_id(piece)
+    }
+
+    /// Number of ids (one past the largest id).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.pieces.len()
+    }
+
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.inner.bos
+    }
+
+    /// Whether [`Tokenizer::encode_for_model`] prepends BOS.
+    pub fn add_bos_token(&self) -> bool {
+        self.inner.add_bos
+    }
+
+    /// Every id that ends generation: the eos id, the eot/eom ids, and the
+    /// chat template's end-of-turn token when it is in the vocabulary.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.inner.eos_ids
+    }
+
+    /// Whether `id` is a control/special token (dropped by `skip_special`).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.inner
+            .special
+            .get(id as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.inner.chat_template.is_some()
+    }
+
+    /// The raw Jinja chat template, if the model has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.inner.chat_template.as_deref()
+    }
+
+    /// Render `messages` with the model's chat template, like Hugging Face's
+    /// `apply_chat_template(messages, tokenize=False, add_generation_prompt=..)`.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let template =
+            self.inner
+                .chat_template
+                .as_deref()
+                .ok_or(TokenizerError::NoChatTemplate {
+                    origin: self.inner.template_origin,
+                })?;
+        let piece = |id: Option<u32>| id.and_then(|id| self.token_piece(id));
+        let eos = self
+            .inner
+            .eos
+            .or_else(|| self.inner.eos_ids.first().copied());
+        chat::render(
+            template,
+            messages,
+            add_generation_prompt,
+            piece(self.inner.bos).as_deref(),
+            piece(eos).as_deref(),
+        )
+    }
+
+    /// A streaming decoder that keeps special tokens in the text, like
+    /// `decode(ids, false)`.
+    pub fn incremental_decoder(&self) -> IncrementalDecoder {
+        IncrementalDecoder::new(self.clone(), false)
+    }
+
+    /// A streaming decoder equivalent to `decode(ids, skip_special)`.
+    pub fn incremental_decoder_with(&self, skip_special: bool) -> IncrementalDecoder {
+        IncrementalDecoder::new(self.clone(), skip_special)
+    }
+
+    /// Non-fatal problems found while loading (e.g. an unknown
+    /// `tokenizer.ggml.pre` that fell back to GPT-2 splitting).
+    pub fn warnings(&self) -> &[String] {
+        &self.inner.warnings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_are_shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync + Clone + fmt::Debug>() {}
+        assert_send_sync::<Tokenizer>();
+        assert_send_sync::<IncrementalDecoder>();
+    }
+}
