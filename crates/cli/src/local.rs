@@ -26,7 +26,8 @@ pub struct ModelArgs {
 }
 
 fn parse_isa(s: &str) -> Result<Isa, String> {
-    Isa::from_name(s).ok_or_else(|| format!("unknown ISA `{s}`: use scalar, avx2, avx-vnni or avx512-vnni"))
+    Isa::from_name(s)
+        .ok_or_else(|| format!("unknown ISA `{s}`: use scalar, avx2, avx-vnni or avx512-vnni"))
 }
 
 impl ModelArgs {
@@ -67,6 +68,7 @@ impl ModelArgs {
             threads: self.threads,
             isa: self.isa,
             progress: Some(&tick),
+            dequantize: false,
         };
         let model = Model::load(&path, &opts);
         if let Some(b) = &bar {
@@ -89,7 +91,10 @@ fn progress_bar(path: &Path) -> Option<ProgressBar> {
     );
     bar.set_message(format!(
         "loading {}",
-        path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+        path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned()
+        )
     ));
     Some(bar)
 }

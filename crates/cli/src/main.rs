@@ -6,7 +6,11 @@ mod local;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "specmesh", version, about = "Distributed speculative decoding for LLM serving")]
+#[command(
+    name = "specmesh",
+    version,
+    about = "Distributed speculative decoding for LLM serving"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -24,6 +24,9 @@ mod dot;
 mod format;
 mod isa;
 mod matmul;
+mod packed;
+#[cfg(target_arch = "x86_64")]
+mod packed_x86;
 mod threads;
 pub mod vec;
 

@@ -9,6 +9,7 @@ use crate::act::QuantizedRows;
 use crate::dot::{Out, TILE, WROWS, tile_fn, wrows_for};
 use crate::format::{BLOCK, QFormat, WeightLayoutError};
 use crate::isa::Isa;
+use crate::packed;
 use crate::threads::ThreadPool;
 use crate::vec;
 
@@ -26,7 +27,23 @@ pub enum Weights {
 pub struct QMatrix {
     rows: usize,
     cols: usize,
-    weights: Weights,
+    storage: Storage,
+}
+
+/// How a matrix is held in memory.
+#[derive(Clone, Debug)]
+enum Storage {
+    /// GGML row-major blocks (formats without a packed kernel).
+    Rows {
+        format: QFormat,
+        data: Vec<u8>,
+    },
+    /// Repacked into 8-row groups (see `packed`).
+    Packed {
+        format: QFormat,
+        data: Vec<u8>,
+    },
+    F32(Vec<f32>),
 }
 
 /// Output pointer shared by the threads of one matmul; each writes a
@@ -68,10 +85,18 @@ impl QMatrix {
                 }
             }
         }
+        let storage = match weights {
+            Weights::Quant { format, data } if packed::packable(format) => Storage::Packed {
+                format,
+                data: packed::pack(format, rows, cols, &data),
+            },
+            Weights::Quant { format, data } => Storage::Rows { format, data },
+            Weights::F32(d) => Storage::F32(d),
+        };
         Ok(QMatrix {
             rows,
             cols,
-            weights,
+            storage,
         })
     }
 
@@ -82,38 +107,57 @@ impl QMatrix {
     pub fn stack(parts: &[&QMatrix]) -> Option<QMatrix> {
         let first = parts.first()?;
         let cols = first.cols;
+        if parts.iter().any(|p| p.cols != cols) {
+            return None;
+        }
         let rows = parts.iter().map(|p| p.rows).sum();
-        let weights = match &first.weights {
-            Weights::Quant { format, .. } => {
+        let storage = match &first.storage {
+            Storage::Rows { format, .. } | Storage::Packed { format, .. } => {
                 let mut data = Vec::new();
-                for p in parts {
-                    match &p.weights {
-                        Weights::Quant { format: f, data: d } if f == format && p.cols == cols => {
+                for (i, p) in parts.iter().enumerate() {
+                    match (&first.storage, &p.storage) {
+                        (Storage::Rows { .. }, Storage::Rows { format: f, data: d })
+                            if f == format =>
+                        {
+                            data.extend_from_slice(d)
+                        }
+                        // Packed groups concatenate only if no part but the
+                        // last ends in a padded group.
+                        (Storage::Packed { .. }, Storage::Packed { format: f, data: d })
+                            if f == format
+                                && (p.rows % packed::GROUP == 0 || i + 1 == parts.len()) =>
+                        {
                             data.extend_from_slice(d)
                         }
                         _ => return None,
                     }
                 }
-                Weights::Quant {
-                    format: *format,
-                    data,
+                match first.storage {
+                    Storage::Rows { .. } => Storage::Rows {
+                        format: *format,
+                        data,
+                    },
+                    _ => Storage::Packed {
+                        format: *format,
+                        data,
+                    },
                 }
             }
-            Weights::F32(_) => {
+            Storage::F32(_) => {
                 let mut data = Vec::new();
                 for p in parts {
-                    match &p.weights {
-                        Weights::F32(d) if p.cols == cols => data.extend_from_slice(d),
+                    match &p.storage {
+                        Storage::F32(d) => data.extend_from_slice(d),
                         _ => return None,
                     }
                 }
-                Weights::F32(data)
+                Storage::F32(data)
             }
         };
         Some(QMatrix {
             rows,
             cols,
-            weights,
+            storage,
         })
     }
 
@@ -125,26 +169,33 @@ impl QMatrix {
         self.cols
     }
 
-    pub fn weights(&self) -> &Weights {
-        &self.weights
+    /// The quantized format, or `None` for f32 weights.
+    pub fn format(&self) -> Option<QFormat> {
+        match &self.storage {
+            Storage::Rows { format, .. } | Storage::Packed { format, .. } => Some(*format),
+            Storage::F32(_) => None,
+        }
     }
 
     /// Bytes of weight data (what one forward reads from memory).
     pub fn nbytes(&self) -> usize {
-        match &self.weights {
-            Weights::Quant { data, .. } => data.len(),
-            Weights::F32(d) => d.len() * 4,
+        match &self.storage {
+            Storage::Rows { data, .. } | Storage::Packed { data, .. } => data.len(),
+            Storage::F32(d) => d.len() * 4,
         }
     }
 
     /// Writes row `r` of the matrix, dequantized, into `out` (`cols` values).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        match &self.weights {
-            Weights::Quant { format, data } => {
+        match &self.storage {
+            Storage::Rows { format, data } => {
                 let rb = format.row_bytes(self.cols);
                 format.dequantize_row(&data[r * rb..(r + 1) * rb], out)
             }
-            Weights::F32(d) => out.copy_from_slice(&d[r * self.cols..(r + 1) * self.cols]),
+            Storage::Packed { format, data } => {
+                packed::dequantize_row(*format, data, self.cols, r, out)
+            }
+            Storage::F32(d) => out.copy_from_slice(&d[r * self.cols..(r + 1) * self.cols]),
         }
     }
 
@@ -175,8 +226,12 @@ impl QMatrix {
         );
         let n = self.rows;
         let optr = OutPtr(out.as_mut_ptr());
-        match &self.weights {
-            Weights::Quant { format, data } => {
+        match &self.storage {
+            Storage::Packed { format, data } => {
+                scratch.quantize(x, self.cols);
+                self.forward_packed(*format, data, scratch, out, isa, pool);
+            }
+            Storage::Rows { format, data } => {
                 scratch.quantize(x, self.cols);
                 let acts = &*scratch;
                 let tile = tile_fn(isa, *format);
@@ -210,7 +265,7 @@ impl QMatrix {
                     }
                 });
             }
-            Weights::F32(data) => {
+            Storage::F32(data) => {
                 let cols = self.cols;
                 pool.for_ranges(n, &|range| {
                     let optr = optr;
@@ -225,6 +280,58 @@ impl QMatrix {
                 });
             }
         }
+    }
+}
+
+impl QMatrix {
+    fn forward_packed(
+        &self,
+        format: QFormat,
+        data: &[u8],
+        acts: &QuantizedRows,
+        out: &mut [f32],
+        isa: Isa,
+        pool: &ThreadPool,
+    ) {
+        let (n, k, nb) = (self.rows, acts.rows(), self.cols / BLOCK);
+        let optr = OutPtr(out.as_mut_ptr());
+        #[cfg(target_arch = "x86_64")]
+        let kernel = (isa != Isa::Scalar).then(|| crate::packed_x86::group_fn(isa, format));
+        #[cfg(not(target_arch = "x86_64"))]
+        let kernel: Option<fn()> = None;
+        let cols = self.cols;
+        pool.for_ranges(n.div_ceil(packed::GROUP), &|groups| {
+            let optr = optr;
+            let mut tmp = [[0.0f32; packed::GROUP]; 4];
+            for g in groups {
+                let mut r = 0;
+                while r < k {
+                    let t = (k - r).min(4);
+                    match kernel {
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: `data` is this matrix's packed storage with
+                        // `nb` blocks per row and group g exists; rows
+                        // r..r+t exist in `acts`; `isa` is supported.
+                        Some(f) => unsafe { f(data, nb, g, acts, r, t, &mut tmp) },
+                        _ => packed::group_scalar(format, data, cols, g, acts, r, t, &mut tmp),
+                    }
+                    let j0 = g * packed::GROUP;
+                    let width = packed::GROUP.min(n - j0);
+                    for (i, res) in tmp.iter().enumerate().take(t) {
+                        // SAFETY: row r + i < k and columns j0..j0 + width < n
+                        // lie inside `out` and belong to this thread's groups.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                res.as_ptr(),
+                                optr.0.add((r + i) * n + j0),
+                                width,
+                            )
+                        };
+                    }
+                    r += t;
+                }
+            }
+        });
     }
 }
 

@@ -14,8 +14,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-/// Spin iterations before a worker with nothing to do goes to sleep (~50 µs).
+/// Spin iterations before a worker with nothing to do goes to sleep.
 const SPIN_LIMIT: u32 = 20_000;
+/// Pure spins before a waiting thread starts yielding its core: on a
+/// machine with more runnable threads than cores (CI, a busy node) a pure
+/// spin would burn the timeslice the thread it waits for needs.
+const SPIN_BEFORE_YIELD: u32 = 256;
 
 type Job = *const (dyn Fn(usize) + Sync);
 
@@ -111,8 +115,14 @@ impl ThreadPool {
             s.wake.notify_all();
         }
         let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
+        let mut spins = 0u32;
         while s.pending.load(Ordering::Acquire) != 0 {
-            std::hint::spin_loop();
+            spins += 1;
+            if spins < SPIN_BEFORE_YIELD {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         *s.job.lock().unwrap() = None;
         if let Err(p) = mine {
@@ -163,7 +173,11 @@ fn worker(s: Arc<Shared>, tid: usize) {
         while current == seen {
             if spins < SPIN_LIMIT {
                 spins += 1;
-                std::hint::spin_loop();
+                if spins < SPIN_BEFORE_YIELD {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
             } else {
                 let mut g = s.lock.lock().unwrap();
                 s.sleepers.fetch_add(1, Ordering::SeqCst);

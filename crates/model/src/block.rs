@@ -26,7 +26,9 @@ pub enum BlockError {
     },
     #[error("token {index} has parent {parent}: a parent must come before its child")]
     ParentOrder { index: usize, parent: usize },
-    #[error("token {index} has position {position} but its parent has position {parent_position}: a child must come after its parent")]
+    #[error(
+        "token {index} has position {position} but its parent has position {parent_position}: a child must come after its parent"
+    )]
     PositionOrder {
         index: usize,
         position: u32,
@@ -75,7 +77,12 @@ impl Block {
             let pos = match *p {
                 None => start as u32,
                 Some(p) if p < i => positions[p] + 1,
-                Some(p) => return Err(BlockError::ParentOrder { index: i, parent: p }),
+                Some(p) => {
+                    return Err(BlockError::ParentOrder {
+                        index: i,
+                        parent: p,
+                    });
+                }
             };
             positions.push(pos);
         }
@@ -100,7 +107,10 @@ impl Block {
             if let Some(p) = *p {
                 let p = p as usize;
                 if p >= i {
-                    return Err(BlockError::ParentOrder { index: i, parent: p });
+                    return Err(BlockError::ParentOrder {
+                        index: i,
+                        parent: p,
+                    });
                 }
                 if positions[p] >= positions[i] {
                     return Err(BlockError::PositionOrder {
@@ -216,7 +226,10 @@ mod tests {
         assert_eq!(Block::chain(vec![], 0), Err(BlockError::Empty));
         assert!(matches!(
             Block::tree(vec![1, 2], vec![None, Some(1)], 0),
-            Err(BlockError::ParentOrder { index: 1, parent: 1 })
+            Err(BlockError::ParentOrder {
+                index: 1,
+                parent: 1
+            })
         ));
         assert!(matches!(
             Block::new(vec![1, 2], vec![5, 5], vec![None, Some(0)]),
@@ -224,7 +237,10 @@ mod tests {
         ));
         assert!(matches!(
             Block::new(vec![1], vec![0, 1], vec![None]),
-            Err(BlockError::LengthMismatch { field: "positions", .. })
+            Err(BlockError::LengthMismatch {
+                field: "positions",
+                ..
+            })
         ));
     }
 }

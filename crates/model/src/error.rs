@@ -15,9 +15,13 @@ pub enum ModelError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path} is not a GGUF file ({reason}); pass a .gguf file or a Hugging Face model directory")]
+    #[error(
+        "{path} is not a GGUF file ({reason}); pass a .gguf file or a Hugging Face model directory"
+    )]
     NotGguf { path: PathBuf, reason: String },
-    #[error("{path} is truncated: {what} needs bytes up to {needed}, the file has {actual}; download it again")]
+    #[error(
+        "{path} is truncated: {what} needs bytes up to {needed}, the file has {actual}; download it again"
+    )]
     Truncated {
         path: PathBuf,
         what: String,
@@ -59,7 +63,9 @@ pub enum ModelError {
         "context overflow: {len} committed + {new} new tokens exceed the model's context of {max} tokens"
     )]
     ContextOverflow { len: usize, new: usize, max: usize },
-    #[error("the sequence has {staged} uncommitted tokens: call commit() or discard() before the next forward")]
+    #[error(
+        "the sequence has {staged} uncommitted tokens: call commit() or discard() before the next forward"
+    )]
     Uncommitted { staged: usize },
     #[error("invalid commit: {0}")]
     InvalidCommit(String),

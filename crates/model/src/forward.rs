@@ -44,13 +44,21 @@ pub(crate) fn run(
                 model: m.n_layers,
             });
         }
-        if let Some(&t) = block.tokens().iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        if let Some(&t) = block
+            .tokens()
+            .iter()
+            .find(|&&t| t as usize >= cfg.vocab_size)
+        {
             return Err(ModelError::TokenOutOfRange {
                 token: t,
                 vocab: cfg.vocab_size,
             });
         }
-        if let Some(&p) = block.positions().iter().find(|&&p| p as usize >= cfg.max_context) {
+        if let Some(&p) = block
+            .positions()
+            .iter()
+            .find(|&&p| p as usize >= cfg.max_context)
+        {
             return Err(ModelError::ContextOverflow {
                 len: p as usize,
                 new: 1,
@@ -77,7 +85,9 @@ pub(crate) fn run(
         let mut row = 0;
         for (_, b) in items.iter() {
             for &t in b.tokens() {
-                m.weights.embed.dequantize_row(t as usize, &mut s.x[row * h..(row + 1) * h]);
+                m.weights
+                    .embed
+                    .dequantize_row(t as usize, &mut s.x[row * h..(row + 1) * h]);
                 row += 1;
             }
         }
@@ -90,7 +100,7 @@ pub(crate) fn run(
     s.act.resize(total * f, 0.0);
     let shape = Shape {
         n_heads: cfg.n_heads,
-        group: cfg.n_heads / cfg.n_kv_heads,
+        n_kv_heads: cfg.n_kv_heads,
         head_dim: d,
         kv_dim: kvd,
         qkv_stride,
@@ -100,7 +110,8 @@ pub(crate) fn run(
         for (x, xn) in s.x.chunks_exact(h).zip(s.xn.chunks_exact_mut(h)) {
             vec::rms_norm(x, &w.attn_norm, cfg.rms_norm_eps, xn);
         }
-        w.qkv.forward(&s.xn, &mut s.q8, &mut s.qkv, &mut s.tmp, isa, pool);
+        w.qkv
+            .forward(&s.xn, &mut s.q8, &mut s.qkv, &mut s.tmp, isa, pool);
 
         // RoPE on q and k, then K/V into each sequence's staging slots.
         let mut row = 0;
@@ -136,7 +147,7 @@ pub(crate) fn run(
         };
         let out = OutPtr(s.attn.as_mut_ptr());
         let (qkv, row_item) = (&s.qkv, &s.row_item);
-        pool.for_ranges(total * cfg.n_heads, &|range| {
+        pool.for_ranges(total * cfg.n_kv_heads, &|range| {
             attention::run_tasks(&views, row_item, l, qkv, &shape, out, range)
         });
 
@@ -148,7 +159,8 @@ pub(crate) fn run(
         for (x, xn) in s.x.chunks_exact(h).zip(s.xn.chunks_exact_mut(h)) {
             vec::rms_norm(x, &w.ffn_norm, cfg.rms_norm_eps, xn);
         }
-        w.gate_up.forward(&s.xn, &mut s.q8, &mut s.ffn, &mut s.tmp, isa, pool);
+        w.gate_up
+            .forward(&s.xn, &mut s.q8, &mut s.ffn, &mut s.tmp, isa, pool);
         for (gu, a) in s.ffn.chunks_exact_mut(2 * f).zip(s.act.chunks_exact_mut(f)) {
             let (gate, up) = gu.split_at_mut(f);
             vec::swiglu(gate, up);
@@ -169,14 +181,23 @@ pub(crate) fn run(
     }
     s.xn.resize(rows.len() * h, 0.0);
     for (dst, &r) in s.xn.chunks_exact_mut(h).zip(&rows) {
-        vec::rms_norm(&s.x[r * h..(r + 1) * h], &m.weights.norm, cfg.rms_norm_eps, dst);
+        vec::rms_norm(
+            &s.x[r * h..(r + 1) * h],
+            &m.weights.norm,
+            cfg.rms_norm_eps,
+            dst,
+        );
     }
     let vocab = cfg.vocab_size;
     let mut logits = vec![0.0f32; rows.len() * vocab];
-    m.weights.lm_head.forward(&s.xn, &mut s.q8, &mut logits, isa, pool);
+    m.weights
+        .lm_head
+        .forward(&s.xn, &mut s.q8, &mut logits, isa, pool);
 
     for (seq, block) in items.iter_mut() {
-        let parents = (0..block.len()).map(|i| block.parent(i).map(|p| p as u32)).collect();
+        let parents = (0..block.len())
+            .map(|i| block.parent(i).map(|p| p as u32))
+            .collect();
         seq.stage(block.positions(), parents);
     }
     if items.len() == 1 {
@@ -186,7 +207,10 @@ pub(crate) fn run(
     let mut at = 0;
     for (_, b) in items.iter() {
         let n = b.logit_rows().len();
-        out.push(Logits::new(vocab, logits[at * vocab..(at + n) * vocab].to_vec()));
+        out.push(Logits::new(
+            vocab,
+            logits[at * vocab..(at + n) * vocab].to_vec(),
+        ));
         at += n;
     }
     Ok(out)

@@ -58,10 +58,16 @@ impl Logits {
     pub fn top_k(&self, i: usize, k: usize) -> Vec<TopToken> {
         let row = self.row(i);
         let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        let lse = max + row.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>().ln() as f32;
+        let lse = max
+            + row
+                .iter()
+                .map(|&v| ((v - max) as f64).exp())
+                .sum::<f64>()
+                .ln() as f32;
         let mut idx: Vec<u32> = (0..row.len() as u32).collect();
         let k = k.min(row.len());
-        let by_score = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+        let by_score =
+            |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
         if k < idx.len() && k > 0 {
             idx.select_nth_unstable_by(k - 1, by_score);
         }
@@ -90,7 +96,10 @@ mod tests {
     fn top_k_is_sorted_and_normalised() {
         let l = Logits::new(4, vec![0.0, 2.0, 1.0, 2.0]);
         let top = l.top_k(0, 3);
-        assert_eq!(top.iter().map(|t| t.token).collect::<Vec<_>>(), vec![1, 3, 2]);
+        assert_eq!(
+            top.iter().map(|t| t.token).collect::<Vec<_>>(),
+            vec![1, 3, 2]
+        );
         let total: f32 = l.top_k(0, 4).iter().map(|t| t.logprob.exp()).sum();
         assert!((total - 1.0).abs() < 1e-5);
     }

@@ -38,7 +38,10 @@ impl Rope {
     #[inline]
     pub(crate) fn apply(&self, x: &mut [f32], pos: usize) {
         let base = pos * self.half;
-        let (cos, sin) = (&self.cos[base..base + self.half], &self.sin[base..base + self.half]);
+        let (cos, sin) = (
+            &self.cos[base..base + self.half],
+            &self.sin[base..base + self.half],
+        );
         for head in x.chunks_exact_mut(2 * self.half) {
             for (pair, (c, s)) in head.chunks_exact_mut(2).zip(cos.iter().zip(sin)) {
                 let (a, b) = (pair[0], pair[1]);

@@ -15,14 +15,21 @@ fn prefix(rng: &mut StdRng, n: usize) -> Vec<u32> {
 fn prefilled(tokens: &[u32]) -> Sequence {
     let m = model();
     let mut seq = m.new_sequence();
-    m.forward(&mut seq, &Block::chain(tokens.to_vec(), 0).unwrap().last_logits_only())
-        .unwrap();
+    m.forward(
+        &mut seq,
+        &Block::chain(tokens.to_vec(), 0).unwrap().last_logits_only(),
+    )
+    .unwrap();
     seq.commit(&(0..tokens.len()).collect::<Vec<_>>()).unwrap();
     seq
 }
 
 /// A random tree with at most `max_nodes` nodes and depth at most `max_depth`.
-fn random_tree(rng: &mut StdRng, max_nodes: usize, max_depth: usize) -> (Vec<u32>, Vec<Option<usize>>) {
+fn random_tree(
+    rng: &mut StdRng,
+    max_nodes: usize,
+    max_depth: usize,
+) -> (Vec<u32>, Vec<Option<usize>>) {
     let n = rng.random_range(1..=max_nodes);
     let (mut tokens, mut parents, mut depth) = (Vec::new(), Vec::new(), Vec::<usize>::new());
     for i in 0..n {
@@ -89,18 +96,26 @@ fn after_commit_the_cache_equals_one_built_from_the_path_alone() {
         let (tokens, parents) = random_tree(&mut rng, 40, 8);
         let node = rng.random_range(0..tokens.len());
         let path = path_to(&parents, node);
-        let next = Block::chain(vec![rng.random_range(100..20_000), 17], pre.len() + path.len()).unwrap();
+        let next = Block::chain(
+            vec![rng.random_range(100..20_000), 17],
+            pre.len() + path.len(),
+        )
+        .unwrap();
 
         let mut spec = base.clone();
-        m.forward(&mut spec, &Block::tree(tokens.clone(), parents.clone(), pre.len()).unwrap())
-            .unwrap();
+        m.forward(
+            &mut spec,
+            &Block::tree(tokens.clone(), parents.clone(), pre.len()).unwrap(),
+        )
+        .unwrap();
         spec.commit(&path).unwrap();
         assert_eq!(spec.len(), pre.len() + path.len());
         let after_tree = m.forward(&mut spec, &next).unwrap();
 
         let mut plain = base.clone();
         let path_tokens: Vec<u32> = path.iter().map(|&i| tokens[i]).collect();
-        m.forward(&mut plain, &Block::chain(path_tokens, pre.len()).unwrap()).unwrap();
+        m.forward(&mut plain, &Block::chain(path_tokens, pre.len()).unwrap())
+            .unwrap();
         plain.commit(&(0..path.len()).collect::<Vec<_>>()).unwrap();
         let after_plain = m.forward(&mut plain, &next).unwrap();
 
@@ -112,7 +127,10 @@ fn after_commit_the_cache_equals_one_built_from_the_path_alone() {
 fn a_sequence_gets_identical_logits_alone_and_in_a_batch_of_four() {
     let m = model();
     let mut rng = StdRng::seed_from_u64(3);
-    let prefixes: Vec<Vec<u32>> = [5usize, 48, 17, 90].iter().map(|&n| prefix(&mut rng, n)).collect();
+    let prefixes: Vec<Vec<u32>> = [5usize, 48, 17, 90]
+        .iter()
+        .map(|&n| prefix(&mut rng, n))
+        .collect();
     let bases: Vec<Sequence> = prefixes.iter().map(|p| prefilled(p)).collect();
     let blocks: Vec<Block> = prefixes
         .iter()
@@ -147,7 +165,8 @@ fn truncate_rolls_back_to_an_earlier_state() {
     let mut seq = prefilled(&pre[..20]);
     let probe = Block::chain(vec![pre[20]], 20).unwrap();
     let before = m.forward(&mut seq.clone(), &probe).unwrap();
-    m.forward(&mut seq, &Block::chain(pre[20..].to_vec(), 20).unwrap()).unwrap();
+    m.forward(&mut seq, &Block::chain(pre[20..].to_vec(), 20).unwrap())
+        .unwrap();
     seq.commit(&(0..10).collect::<Vec<_>>()).unwrap();
     seq.truncate(20);
     assert_eq!(seq.len(), 20);
@@ -164,15 +183,24 @@ fn misuse_is_reported_not_panicked() {
         m.forward(&mut seq, &Block::chain(vec![vocab], 0).unwrap()),
         Err(ModelError::TokenOutOfRange { .. })
     ));
-    m.forward(&mut seq, &Block::tree(vec![1, 2, 3], vec![None, Some(0), Some(0)], 0).unwrap())
-        .unwrap();
+    m.forward(
+        &mut seq,
+        &Block::tree(vec![1, 2, 3], vec![None, Some(0), Some(0)], 0).unwrap(),
+    )
+    .unwrap();
     assert!(matches!(
         m.forward(&mut seq, &Block::chain(vec![1], 0).unwrap()),
         Err(ModelError::Uncommitted { staged: 3 })
     ));
     // 0 → 2 is a path, 1 → 2 is not (2's parent is 0).
-    assert!(matches!(seq.commit(&[1, 2]), Err(ModelError::InvalidCommit(_))));
-    assert!(matches!(seq.commit(&[0, 7]), Err(ModelError::InvalidCommit(_))));
+    assert!(matches!(
+        seq.commit(&[1, 2]),
+        Err(ModelError::InvalidCommit(_))
+    ));
+    assert!(matches!(
+        seq.commit(&[0, 7]),
+        Err(ModelError::InvalidCommit(_))
+    ));
     seq.commit(&[0, 2]).unwrap();
     assert_eq!(seq.len(), 2);
     let max = m.config().max_context;

@@ -20,7 +20,12 @@ pub struct SamplingParams {
 }
 
 impl SamplingParams {
-    pub fn new(temperature: f32, top_p: f32, top_k: usize, seed: u64) -> Result<Self, SamplingError> {
+    pub fn new(
+        temperature: f32,
+        top_p: f32,
+        top_k: usize,
+        seed: u64,
+    ) -> Result<Self, SamplingError> {
         if !temperature.is_finite() || temperature < 0.0 {
             return Err(SamplingError::Temperature(temperature));
         }
@@ -53,7 +58,11 @@ impl SamplingParams {
     pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f64)> {
         let t = self.temperature as f64;
         let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-        let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+        let by_logit = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
         if self.top_k > 0 && self.top_k < idx.len() {
             idx.select_nth_unstable_by(self.top_k - 1, by_logit);
             idx.truncate(self.top_k);
@@ -94,7 +103,9 @@ mod tests {
     #[test]
     fn invalid_parameters_name_the_field() {
         assert_eq!(
-            SamplingParams::new(-1.0, 1.0, 0, 0).unwrap_err().to_string(),
+            SamplingParams::new(-1.0, 1.0, 0, 0)
+                .unwrap_err()
+                .to_string(),
             "`temperature` must be a finite number >= 0, got -1"
         );
         assert!(SamplingParams::new(f32::NAN, 1.0, 0, 0).is_err());

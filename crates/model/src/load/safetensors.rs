@@ -47,7 +47,8 @@ pub(super) fn load(dir: &Path, progress: Option<Progress<'_>>) -> Result<Weights
         key: key.into(),
         reason,
     };
-    let hf: HfConfig = serde_json::from_str(&raw).map_err(|e| meta_err("config.json", e.to_string()))?;
+    let hf: HfConfig =
+        serde_json::from_str(&raw).map_err(|e| meta_err("config.json", e.to_string()))?;
     if let Some(arch) = hf.model_type.as_deref().filter(|a| *a != "llama") {
         return Err(ModelError::UnsupportedArchitecture {
             path: cfg_path,
@@ -56,7 +57,10 @@ pub(super) fn load(dir: &Path, progress: Option<Progress<'_>>) -> Result<Weights
         });
     }
     if hf.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(meta_err("rope_scaling", "rope scaling is not supported for safetensors checkpoints yet; use a GGUF".into()));
+        return Err(meta_err(
+            "rope_scaling",
+            "rope scaling is not supported for safetensors checkpoints yet; use a GGUF".into(),
+        ));
     }
     let config = LlamaConfig {
         vocab_size: hf.vocab_size,
@@ -65,7 +69,9 @@ pub(super) fn load(dir: &Path, progress: Option<Progress<'_>>) -> Result<Weights
         n_layers: hf.num_hidden_layers,
         n_heads: hf.num_attention_heads,
         n_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
-        head_dim: hf.head_dim.unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1)),
+        head_dim: hf
+            .head_dim
+            .unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1)),
         rope_theta: hf.rope_theta.unwrap_or(10_000.0),
         rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-5),
         max_context: hf.max_position_embeddings,
@@ -91,9 +97,11 @@ pub(super) fn load(dir: &Path, progress: Option<Progress<'_>>) -> Result<Weights
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     let total = shards.len() as u64;
     for (i, shard) in shards.iter().enumerate() {
-        let t = candle_core::safetensors::load(shard, &Device::Cpu).map_err(|e| ModelError::NotGguf {
-            path: shard.clone(),
-            reason: format!("not a readable safetensors file: {e}"),
+        let t = candle_core::safetensors::load(shard, &Device::Cpu).map_err(|e| {
+            ModelError::NotGguf {
+                path: shard.clone(),
+                reason: format!("not a readable safetensors file: {e}"),
+            }
         })?;
         tensors.extend(t);
         if let Some(p) = progress {
@@ -110,10 +118,13 @@ struct Loader<'a> {
 
 impl Loader<'_> {
     fn f32(&self, name: &str, dims: &[usize]) -> Result<Vec<f32>> {
-        let t = self.tensors.get(name).ok_or_else(|| ModelError::MissingTensor {
-            path: self.dir.to_owned(),
-            name: name.into(),
-        })?;
+        let t = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                path: self.dir.to_owned(),
+                name: name.into(),
+            })?;
         if t.dims() != dims {
             return Err(ModelError::TensorShape {
                 path: self.dir.to_owned(),
@@ -141,7 +152,13 @@ impl Loader<'_> {
     }
 
     /// Q/K projection with rows reordered from half-split to interleaved RoPE pairs.
-    fn rope_matrix(&self, name: &str, heads: usize, head_dim: usize, cols: usize) -> Result<QMatrix> {
+    fn rope_matrix(
+        &self,
+        name: &str,
+        heads: usize,
+        head_dim: usize,
+        cols: usize,
+    ) -> Result<QMatrix> {
         let src = self.f32(name, &[heads * head_dim, cols])?;
         let half = head_dim / 2;
         let mut dst = vec![0.0f32; src.len()];
@@ -162,7 +179,12 @@ impl Loader<'_> {
     }
 
     fn build(self, config: LlamaConfig) -> Result<Weights> {
-        let (h, f, v, d) = (config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim);
+        let (h, f, v, d) = (
+            config.hidden_size,
+            config.intermediate_size,
+            config.vocab_size,
+            config.head_dim,
+        );
         let embed = Arc::new(self.matrix("model.embed_tokens.weight", v, h)?);
         let mut layers = Vec::with_capacity(config.n_layers);
         for i in 0..config.n_layers {

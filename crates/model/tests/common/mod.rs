@@ -9,10 +9,14 @@ use specmesh_model::{LoadOptions, Model};
 
 /// The test model: `$SPECMESH_MODEL`, else the `specmesh model fetch` cache.
 pub fn model_path() -> PathBuf {
-    let path = std::env::var_os("SPECMESH_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-        home.join(".cache/specmesh/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
+    let path = std::env::var_os("SPECMESH_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            home.join(".cache/specmesh/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
     assert!(
         path.exists(),
         "model not found at {}: run `cargo run --release -p specmesh-cli -- model fetch`",

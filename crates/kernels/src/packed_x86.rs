@@ -1,0 +1,209 @@
+//! AVX2 / VNNI kernels over 8-row packed groups (see `packed`).
+
+use std::arch::x86_64::*;
+
+use crate::act::{BlockQ8, QuantizedRows};
+use crate::format::QFormat;
+use crate::isa::Isa;
+use crate::packed::{GROUP, group_block_bytes};
+
+/// Results of one group tile: `out[t][j]` for activation row t, group row j.
+pub(crate) type GroupOut = [[f32; GROUP]; 4];
+
+/// `out[t][j]` = packed row (8g + j) · activation row (r0 + t), t < `t`.
+///
+/// # Safety
+/// `data` must be a packed matrix of `nb` blocks per row with at least g + 1
+/// groups, rows r0..r0 + t must exist in `acts` with `nb` blocks, and the CPU
+/// must support the ISA of the function.
+pub(crate) type GroupFn = unsafe fn(
+    data: &[u8],
+    nb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    t: usize,
+    out: &mut GroupOut,
+);
+
+trait Dot4 {
+    /// acc + per 32-bit lane Σ of 4 adjacent u8(u) · i8(s).
+    unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+}
+
+struct Avx2;
+impl Dot4 for Avx2 {
+    #[inline(always)]
+    unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        unsafe {
+            _mm256_add_epi32(
+                acc,
+                _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)),
+            )
+        }
+    }
+}
+
+struct AvxVnni;
+impl Dot4 for AvxVnni {
+    #[inline(always)]
+    unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_avx_epi32(acc, u, s) }
+    }
+}
+
+struct Avx512Vnni;
+impl Dot4 for Avx512Vnni {
+    #[inline(always)]
+    unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_epi32(acc, u, s) }
+    }
+}
+
+/// Four activation bytes starting at `at`, broadcast to every 32-bit lane.
+#[inline(always)]
+unsafe fn bcast4(a: &BlockQ8, at: usize) -> __m256i {
+    unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(a.qs.as_ptr().add(at) as *const i32)) }
+}
+
+#[inline(always)]
+unsafe fn q4_1_group<D: Dot4, const T: usize>(
+    data: &[u8],
+    nb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut GroupOut,
+) {
+    const GBB: usize = group_block_bytes(QFormat::Q4_1);
+    unsafe {
+        let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
+        let base = data.as_ptr().add(g * nb * GBB);
+        let m4 = _mm256_set1_epi8(0x0f);
+        let mut acc = [_mm256_setzero_ps(); T];
+        let mut macc = [_mm256_setzero_ps(); T];
+        for b in 0..nb {
+            let gb = base.add(b * GBB);
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i));
+            let mv = _mm256_cvtph_ps(_mm_loadu_si128(gb.add(16) as *const __m128i));
+            let mut isum = [_mm256_setzero_si256(); T];
+            for c in 0..4 {
+                let w = _mm256_loadu_si256(gb.add(32 + 32 * c) as *const __m256i);
+                let lo = _mm256_and_si256(w, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                for t in 0..T {
+                    let a = rows[t].get_unchecked(b);
+                    isum[t] = D::acc(isum[t], lo, bcast4(a, 4 * c));
+                    isum[t] = D::acc(isum[t], hi, bcast4(a, 16 + 4 * c));
+                }
+            }
+            for t in 0..T {
+                let a = rows[t].get_unchecked(b);
+                let scale = _mm256_mul_ps(dv, _mm256_set1_ps(a.d));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), scale, acc[t]);
+                macc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(a.s), macc[t]);
+            }
+        }
+        for t in 0..T {
+            _mm256_storeu_ps(out[t].as_mut_ptr(), _mm256_add_ps(acc[t], macc[t]));
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn q8_0_group<D: Dot4, const T: usize>(
+    data: &[u8],
+    nb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut GroupOut,
+) {
+    const GBB: usize = group_block_bytes(QFormat::Q8_0);
+    unsafe {
+        let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
+        let base = data.as_ptr().add(g * nb * GBB);
+        let mut acc = [_mm256_setzero_ps(); T];
+        for b in 0..nb {
+            let gb = base.add(b * GBB);
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i));
+            let mut isum = [_mm256_setzero_si256(); T];
+            for c in 0..8 {
+                let w = _mm256_loadu_si256(gb.add(16 + 32 * c) as *const __m256i);
+                // u8·i8 instructions: |w| against the activation with w's sign.
+                let wabs = _mm256_sign_epi8(w, w);
+                for t in 0..T {
+                    let a = rows[t].get_unchecked(b);
+                    isum[t] = D::acc(isum[t], wabs, _mm256_sign_epi8(bcast4(a, 4 * c), w));
+                }
+            }
+            for t in 0..T {
+                let a = rows[t].get_unchecked(b);
+                let scale = _mm256_mul_ps(dv, _mm256_set1_ps(a.d));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), scale, acc[t]);
+            }
+        }
+        for t in 0..T {
+            _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+        }
+    }
+}
+
+macro_rules! entry_points {
+    ($name:ident, $dot:ty, $features:literal) => {
+        mod $name {
+            use super::*;
+            macro_rules! dispatch {
+                ($kernel:ident, $fn_name:ident) => {
+                    #[target_feature(enable = $features)]
+                    pub(super) unsafe fn $fn_name(
+                        data: &[u8],
+                        nb: usize,
+                        g: usize,
+                        acts: &QuantizedRows,
+                        r0: usize,
+                        t: usize,
+                        out: &mut GroupOut,
+                    ) {
+                        unsafe {
+                            match t {
+                                1 => $kernel::<$dot, 1>(data, nb, g, acts, r0, out),
+                                2 => $kernel::<$dot, 2>(data, nb, g, acts, r0, out),
+                                3 => $kernel::<$dot, 3>(data, nb, g, acts, r0, out),
+                                _ => $kernel::<$dot, 4>(data, nb, g, acts, r0, out),
+                            }
+                        }
+                    }
+                };
+            }
+            dispatch!(q4_1_group, q4_1);
+            dispatch!(q8_0_group, q8_0);
+
+            pub(super) fn group_fn(fmt: QFormat) -> GroupFn {
+                match fmt {
+                    QFormat::Q4_1 => q4_1,
+                    QFormat::Q8_0 => q8_0,
+                    QFormat::Q4_0 => unreachable!("Q4_0 is not packed"),
+                }
+            }
+        }
+    };
+}
+
+entry_points!(avx2, Avx2, "avx2,fma,f16c");
+entry_points!(avx_vnni, AvxVnni, "avx2,fma,f16c,avxvnni");
+entry_points!(
+    avx512_vnni,
+    Avx512Vnni,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
+);
+
+/// The packed kernel for `fmt` on `isa` (not `Scalar`).
+pub(crate) fn group_fn(isa: Isa, fmt: QFormat) -> GroupFn {
+    match isa {
+        Isa::Avx2 => avx2::group_fn(fmt),
+        Isa::AvxVnni => avx_vnni::group_fn(fmt),
+        Isa::Avx512Vnni => avx512_vnni::group_fn(fmt),
+        Isa::Scalar => unreachable!("scalar packed kernels are dispatched by the caller"),
+    }
+}
