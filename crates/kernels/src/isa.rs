@@ -23,7 +23,7 @@ impl Isa {
 
     /// The fastest instruction set this CPU supports.
     pub fn detect() -> Isa {
-        [Isa::AvxVnni, Isa::Avx512Vnni, Isa::Avx2]
+        [Isa::Avx512Vnni, Isa::AvxVnni, Isa::Avx2]
             .into_iter()
             .find(|isa| isa.supported())
             .unwrap_or(Isa::Scalar)

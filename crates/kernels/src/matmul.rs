@@ -299,37 +299,66 @@ impl QMatrix {
         let kernel = (isa != Isa::Scalar).then(|| crate::packed_x86::group_fn(isa, format));
         #[cfg(not(target_arch = "x86_64"))]
         let kernel: Option<fn()> = None;
+        #[cfg(target_arch = "x86_64")]
+        let pair = crate::packed_x86::pair_fn(isa, format);
         let cols = self.cols;
         pool.for_ranges(n.div_ceil(packed::GROUP), &|groups| {
             let optr = optr;
-            let mut tmp = [[0.0f32; packed::GROUP]; 4];
-            for g in groups {
+            let mut tmp = [[[0.0f32; packed::GROUP]; 4]; 2];
+            let mut g = groups.start;
+            while g < groups.end {
+                // Two groups per call where a 512-bit kernel exists; its lanes
+                // compute exactly what two single-group calls would.
+                let span = {
+                    #[cfg(target_arch = "x86_64")]
+                    {
+                        if pair.is_some() && g + 1 < groups.end {
+                            2
+                        } else {
+                            1
+                        }
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    {
+                        1
+                    }
+                };
                 let mut r = 0;
                 while r < k {
                     let t = (k - r).min(4);
-                    match kernel {
+                    match (span, kernel) {
                         #[cfg(target_arch = "x86_64")]
                         // SAFETY: `data` is this matrix's packed storage with
-                        // `nb` blocks per row and group g exists; rows
+                        // `nb` blocks per row and groups g..g+span exist; rows
                         // r..r+t exist in `acts`; `isa` is supported.
-                        Some(f) => unsafe { f(data, nb, g, acts, r, t, &mut tmp) },
-                        _ => packed::group_scalar(format, data, cols, g, acts, r, t, &mut tmp),
-                    }
-                    let j0 = g * packed::GROUP;
-                    let width = packed::GROUP.min(n - j0);
-                    for (i, res) in tmp.iter().enumerate().take(t) {
-                        // SAFETY: row r + i < k and columns j0..j0 + width < n
-                        // lie inside `out` and belong to this thread's groups.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                res.as_ptr(),
-                                optr.0.add((r + i) * n + j0),
-                                width,
+                        (2, _) => unsafe {
+                            pair.expect("span 2 needs a pair kernel")(
+                                data, nb, g, acts, r, t, &mut tmp,
                             )
-                        };
+                        },
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: as above, for group g alone.
+                        (_, Some(f)) => unsafe { f(data, nb, g, acts, r, t, &mut tmp[0]) },
+                        _ => packed::group_scalar(format, data, cols, g, acts, r, t, &mut tmp[0]),
+                    }
+                    for (s, res) in tmp.iter().enumerate().take(span) {
+                        let j0 = (g + s) * packed::GROUP;
+                        let width = packed::GROUP.min(n - j0);
+                        for (i, row) in res.iter().enumerate().take(t) {
+                            // SAFETY: row r + i < k and columns j0..j0 + width
+                            // < n lie inside `out` and belong to this thread.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    row.as_ptr(),
+                                    optr.0.add((r + i) * n + j0),
+                                    width,
+                                )
+                            };
+                        }
                     }
                     r += t;
                 }
+                g += span;
             }
         });
     }

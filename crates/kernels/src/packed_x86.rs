@@ -207,3 +207,179 @@ pub(crate) fn group_fn(isa: Isa, fmt: QFormat) -> GroupFn {
         Isa::Scalar => unreachable!("scalar packed kernels are dispatched by the caller"),
     }
 }
+
+/// Like [`GroupFn`] for two adjacent groups g and g + 1 at once (16 rows
+/// in 512-bit registers). Per lane the operations are those of the 256-bit
+/// kernels, so results are bit-identical to two single-group calls.
+pub(crate) type PairFn = unsafe fn(
+    data: &[u8],
+    nb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    t: usize,
+    out: &mut [GroupOut; 2],
+);
+
+/// Two 32-byte chunks at `a` and `b` in one 512-bit register.
+#[inline(always)]
+unsafe fn load_pair(a: *const u8, b: *const u8) -> __m512i {
+    unsafe {
+        _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(a as *const __m256i)),
+            _mm256_loadu_si256(b as *const __m256i),
+            1,
+        )
+    }
+}
+
+/// Sixteen f16 (8 at `a`, 8 at `b`) as f32.
+#[inline(always)]
+unsafe fn halves_pair(a: *const u8, b: *const u8) -> __m512 {
+    unsafe {
+        _mm512_cvtph_ps(_mm256_set_m128i(
+            _mm_loadu_si128(b as *const __m128i),
+            _mm_loadu_si128(a as *const __m128i),
+        ))
+    }
+}
+
+#[inline(always)]
+unsafe fn bcast4_512(a: &BlockQ8, at: usize) -> __m512i {
+    unsafe { _mm512_set1_epi32(std::ptr::read_unaligned(a.qs.as_ptr().add(at) as *const i32)) }
+}
+
+#[inline(always)]
+unsafe fn store_pair(v: __m512, out: &mut [GroupOut; 2], t: usize) {
+    unsafe {
+        _mm256_storeu_ps(out[0][t].as_mut_ptr(), _mm512_castps512_ps256(v));
+        _mm256_storeu_ps(
+            out[1][t].as_mut_ptr(),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)),
+        );
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_1_pair<const T: usize>(
+    data: &[u8],
+    nb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut [GroupOut; 2],
+) {
+    const GBB: usize = group_block_bytes(QFormat::Q4_1);
+    unsafe {
+        let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
+        let base0 = data.as_ptr().add(g * nb * GBB);
+        let base1 = base0.add(nb * GBB);
+        let m4 = _mm512_set1_epi8(0x0f);
+        let mut acc = [_mm512_setzero_ps(); T];
+        let mut macc = [_mm512_setzero_ps(); T];
+        for b in 0..nb {
+            let (p0, p1) = (base0.add(b * GBB), base1.add(b * GBB));
+            let dv = halves_pair(p0, p1);
+            let mv = halves_pair(p0.add(16), p1.add(16));
+            let mut isum = [_mm512_setzero_si512(); T];
+            for c in 0..4 {
+                let w = load_pair(p0.add(32 + 32 * c), p1.add(32 + 32 * c));
+                let lo = _mm512_and_si512(w, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                for t in 0..T {
+                    let a = rows[t].get_unchecked(b);
+                    isum[t] = _mm512_dpbusd_epi32(isum[t], lo, bcast4_512(a, 4 * c));
+                    isum[t] = _mm512_dpbusd_epi32(isum[t], hi, bcast4_512(a, 16 + 4 * c));
+                }
+            }
+            for t in 0..T {
+                let a = rows[t].get_unchecked(b);
+                let scale = _mm512_mul_ps(dv, _mm512_set1_ps(a.d));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), scale, acc[t]);
+                macc[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.s), macc[t]);
+            }
+        }
+        for t in 0..T {
+            store_pair(_mm512_add_ps(acc[t], macc[t]), out, t);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn q8_0_pair<const T: usize>(
+    data: &[u8],
+    nb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut [GroupOut; 2],
+) {
+    const GBB: usize = group_block_bytes(QFormat::Q8_0);
+    unsafe {
+        let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
+        let base0 = data.as_ptr().add(g * nb * GBB);
+        let base1 = base0.add(nb * GBB);
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..nb {
+            let (p0, p1) = (base0.add(b * GBB), base1.add(b * GBB));
+            let dv = halves_pair(p0, p1);
+            let mut isum = [_mm512_setzero_si512(); T];
+            for c in 0..8 {
+                let w = load_pair(p0.add(16 + 32 * c), p1.add(16 + 32 * c));
+                let wabs = _mm512_abs_epi8(w);
+                // Negative weights flip the activation's sign (vpsignb has no
+                // 512-bit form): subtract from zero under the sign mask.
+                let neg = _mm512_movepi8_mask(w);
+                for t in 0..T {
+                    let a = rows[t].get_unchecked(b);
+                    let av = bcast4_512(a, 4 * c);
+                    let s = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
+                    isum[t] = _mm512_dpbusd_epi32(isum[t], wabs, s);
+                }
+            }
+            for t in 0..T {
+                let a = rows[t].get_unchecked(b);
+                let scale = _mm512_mul_ps(dv, _mm512_set1_ps(a.d));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), scale, acc[t]);
+            }
+        }
+        for t in 0..T {
+            store_pair(acc[t], out, t);
+        }
+    }
+}
+
+macro_rules! pair_entry {
+    ($kernel:ident, $fn_name:ident) => {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn $fn_name(
+            data: &[u8],
+            nb: usize,
+            g: usize,
+            acts: &QuantizedRows,
+            r0: usize,
+            t: usize,
+            out: &mut [GroupOut; 2],
+        ) {
+            unsafe {
+                match t {
+                    1 => $kernel::<1>(data, nb, g, acts, r0, out),
+                    2 => $kernel::<2>(data, nb, g, acts, r0, out),
+                    3 => $kernel::<3>(data, nb, g, acts, r0, out),
+                    _ => $kernel::<4>(data, nb, g, acts, r0, out),
+                }
+            }
+        }
+    };
+}
+pair_entry!(q4_1_pair, q4_1_pair_512);
+pair_entry!(q8_0_pair, q8_0_pair_512);
+
+/// The two-group kernel for `fmt`, on AVX-512 VNNI only.
+pub(crate) fn pair_fn(isa: Isa, fmt: QFormat) -> Option<PairFn> {
+    match (isa, fmt) {
+        (Isa::Avx512Vnni, QFormat::Q4_1) => Some(q4_1_pair_512),
+        (Isa::Avx512Vnni, QFormat::Q8_0) => Some(q8_0_pair_512),
+        _ => None,
+    }
+}

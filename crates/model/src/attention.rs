@@ -1,12 +1,14 @@
 //! Causal tree attention over a sequence's committed prefix plus the
-//! attended tokens of its block. One task is one (token, KV head): the query
-//! heads that share the KV head (grouped-query attention) read each key and
-//! value row once.
+//! attended tokens of its block. One task is one (token, KV head):  query heads
+//! sharing a KV head (grouped-query attention) read the same rows.
 //!
 //! Keys are visited in slot order: prefix 0..len, then the token's
 //! ancestors in block order. A token committed earlier and the same token
 //! staged in a block are therefore visited in the same order, so greedy
 //! speculative decoding reproduces plain decoding bit for bit.
+//!
+//! One task is one (token, query head): with one token and 9 heads that
+//! still splits evenly across cores, where (token, KV head) tasks would not.
 
 use specmesh_kernels::vec;
 
@@ -38,7 +40,7 @@ pub(crate) struct OutPtr(pub *mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// Computes attention for tasks `range` (task = row · n_kv_heads + g) of
+/// Computes attention for tasks `range` (task = row · n_heads + head) of
 /// layer `layer`, writing each head's output to `out` (`rows × n_heads·d`).
 pub(crate) fn run_tasks(
     items: &[Item<'_>],
@@ -55,10 +57,10 @@ pub(crate) fn run_tasks(
     let mut slots: Vec<usize> = Vec::new();
     let mut attended: Vec<usize> = Vec::new();
     let mut scores: Vec<f32> = Vec::new();
-    let mut acc = vec![0.0f32; group * d];
+    let mut acc = vec![0.0f32; d];
     let mut last_row = usize::MAX;
     for task in range {
-        let (row, g) = (task / shape.n_kv_heads, task % shape.n_kv_heads);
+        let (row, head) = (task / shape.n_heads, task % shape.n_heads);
         let item = &items[row_item[row] as usize];
         if row != last_row {
             let len = item.seq.len();
@@ -68,36 +70,24 @@ pub(crate) fn run_tasks(
             slots.extend(attended.iter().map(|a| len + a));
             last_row = row;
         }
-        let n = slots.len();
         let (kc, vc) = item.seq.layer(layer);
-        let q0 = row * shape.qkv_stride + g * group * d;
-        let q = &qkv[q0..q0 + group * d];
+        let koff = (head / group) * d;
+        let q = &qkv[row * shape.qkv_stride + head * d..][..d];
 
         scores.clear();
-        scores.resize(group * n, 0.0);
-        for (i, &s) in slots.iter().enumerate() {
-            let k = &kc[s * shape.kv_dim + g * d..][..d];
-            for h in 0..group {
-                scores[h * n + i] = vec::dot(&q[h * d..(h + 1) * d], k) * scale;
-            }
-        }
-        for h in 0..group {
-            vec::softmax(&mut scores[h * n..(h + 1) * n]);
-        }
+        scores.extend(
+            slots
+                .iter()
+                .map(|&s| vec::dot(q, &kc[s * shape.kv_dim + koff..][..d]) * scale),
+        );
+        vec::softmax(&mut scores);
         acc.fill(0.0);
-        for (i, &s) in slots.iter().enumerate() {
-            let v = &vc[s * shape.kv_dim + g * d..][..d];
-            for h in 0..group {
-                vec::axpy(scores[h * n + i], v, &mut acc[h * d..(h + 1) * d]);
-            }
+        for (&s, &p) in slots.iter().zip(&scores) {
+            vec::axpy(p, &vc[s * shape.kv_dim + koff..][..d], &mut acc);
         }
-        // SAFETY: see `OutPtr`; heads g·group..(g+1)·group of `row` belong
-        // to this task alone.
+        // SAFETY: see `OutPtr`; head `head` of `row` belongs to this task.
         let dst = unsafe {
-            std::slice::from_raw_parts_mut(
-                out.0.add(row * shape.n_heads * d + g * group * d),
-                group * d,
-            )
+            std::slice::from_raw_parts_mut(out.0.add((row * shape.n_heads + head) * d), d)
         };
         dst.copy_from_slice(&acc);
     }

@@ -147,7 +147,7 @@ pub(crate) fn run(
         };
         let out = OutPtr(s.attn.as_mut_ptr());
         let (qkv, row_item) = (&s.qkv, &s.row_item);
-        pool.for_ranges(total * cfg.n_kv_heads, &|range| {
+        pool.for_ranges(total * cfg.n_heads, &|range| {
             attention::run_tasks(&views, row_item, l, qkv, &shape, out, range)
         });
 

@@ -124,7 +124,10 @@ fn convert_to_hf(gguf: &Path, out: &Path) {
             hf_name("self_attn.q_proj"),
             unpermute_rope_rows(&q, hp.heads, hp.head_dim),
         );
-        tensors.insert(hf_name("self_attn.k_proj"), k.clone());
+        tensors.insert(
+            hf_name("self_attn.k_proj"),
+            unpermute_rope_rows(&k, hp.kv_heads, hp.head_dim),
+        );
         for (g, h) in [
             ("attn_v", "self_attn.v_proj"),
             ("attn_output", "self_attn.o_proj"),

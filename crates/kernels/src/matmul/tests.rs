@@ -173,3 +173,25 @@ fn wrong_sizes_are_rejected() {
         Err(WeightLayoutError::Unaligned { .. })
     ));
 }
+
+#[test]
+fn vnni_paths_give_identical_bits_for_packed_formats() {
+    // 256-bit and 512-bit VNNI kernels run the same per-lane operations.
+    if !(Isa::AvxVnni.supported() && Isa::Avx512Vnni.supported()) {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(17);
+    let pool = ThreadPool::new(2);
+    let mut s = QuantizedRows::default();
+    for format in [QFormat::Q4_1, QFormat::Q8_0] {
+        let w = random_quant(format, 40, 64, &mut rng);
+        let x = random_acts(6, 64, &mut rng);
+        let (mut a, mut b) = (vec![0.0; 6 * 40], vec![0.0; 6 * 40]);
+        w.forward(&x, &mut s, &mut a, Isa::AvxVnni, &pool);
+        w.forward(&x, &mut s, &mut b, Isa::Avx512Vnni, &pool);
+        assert_eq!(
+            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+}
