@@ -20,6 +20,7 @@
 //! float accumulation order differs between ISAs (never between calls).
 
 mod act;
+pub mod attn;
 mod dot;
 mod format;
 mod isa;

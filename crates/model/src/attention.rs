@@ -1,16 +1,20 @@
 //! Causal tree attention over a sequence's committed prefix plus the
-//! attended tokens of its block. One task is one (token, KV head):  query heads
-//! sharing a KV head (grouped-query attention) read the same rows.
+//! attended tokens of its block.
 //!
-//! Keys are visited in slot order: prefix 0..len, then the token's
-//! ancestors in block order. A token committed earlier and the same token
-//! staged in a block are therefore visited in the same order, so greedy
-//! speculative decoding reproduces plain decoding bit for bit.
+//! One task is one (batch item, query head); its tokens run one after the
+//! other, so the prefix K/V rows they share are hot in L2 for all but the
+//! first. The query and its accumulator stay in registers
+//! (`specmesh_kernels::attn`). (Tasks per KV head would share rows across a
+//! query group too, but 3 KV heads split badly over 2 cores at 1 token.)
 //!
-//! One task is one (token, query head): with one token and 9 heads that
-//! still splits evenly across cores, where (token, KV head) tasks would not.
+//! Keys are visited in slot order for every (token, head): prefix 0..len,
+//! then the token's ancestors in block order. A token committed earlier and
+//! the same token staged in a block are visited in the same order with the
+//! same operations, so a token's output does not depend on the other tokens
+//! of its block or batch, and greedy speculative decoding reproduces plain
+//! decoding bit for bit.
 
-use specmesh_kernels::vec;
+use specmesh_kernels::{attn, vec};
 
 use crate::block::Block;
 use crate::sequence::Sequence;
@@ -40,11 +44,10 @@ pub(crate) struct OutPtr(pub *mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// Computes attention for tasks `range` (task = row · n_heads + head) of
+/// Computes attention for tasks `range` (task = item · n_heads + head) of
 /// layer `layer`, writing each head's output to `out` (`rows × n_heads·d`).
 pub(crate) fn run_tasks(
     items: &[Item<'_>],
-    row_item: &[u32],
     layer: usize,
     qkv: &[f32],
     shape: &Shape,
@@ -52,43 +55,32 @@ pub(crate) fn run_tasks(
     range: std::ops::Range<usize>,
 ) {
     let d = shape.head_dim;
-    let group = shape.n_heads / shape.n_kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
-    let mut slots: Vec<usize> = Vec::new();
     let mut attended: Vec<usize> = Vec::new();
+    let mut slots: Vec<usize> = Vec::new();
     let mut scores: Vec<f32> = Vec::new();
-    let mut acc = vec![0.0f32; d];
-    let mut last_row = usize::MAX;
     for task in range {
-        let (row, head) = (task / shape.n_heads, task % shape.n_heads);
-        let item = &items[row_item[row] as usize];
-        if row != last_row {
-            let len = item.seq.len();
-            item.block.attended(row - item.row0, &mut attended);
+        let (it, head) = (task / shape.n_heads, task % shape.n_heads);
+        let item = &items[it];
+        let len = item.seq.len();
+        let (kc, vc) = item.seq.layer(layer);
+        // Slot s of KV head g starts at s · kv_dim + g · d.
+        let g = head * shape.n_kv_heads / shape.n_heads;
+        let (kc, vc) = (&kc[g * d..], &vc[g * d..]);
+        for r in 0..item.block.len() {
+            item.block.attended(r, &mut attended);
             slots.clear();
             slots.extend(0..len);
             slots.extend(attended.iter().map(|a| len + a));
-            last_row = row;
+            let row = item.row0 + r;
+            let q = &qkv[row * shape.qkv_stride + head * d..][..d];
+            attn::qk_scores(q, kc, shape.kv_dim, &slots, scale, &mut scores);
+            vec::softmax(&mut scores);
+            // SAFETY: see `OutPtr`; (row, head) belongs to this task alone.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(out.0.add((row * shape.n_heads + head) * d), d)
+            };
+            attn::pv_sum(&scores, vc, shape.kv_dim, &slots, dst);
         }
-        let (kc, vc) = item.seq.layer(layer);
-        let koff = (head / group) * d;
-        let q = &qkv[row * shape.qkv_stride + head * d..][..d];
-
-        scores.clear();
-        scores.extend(
-            slots
-                .iter()
-                .map(|&s| vec::dot(q, &kc[s * shape.kv_dim + koff..][..d]) * scale),
-        );
-        vec::softmax(&mut scores);
-        acc.fill(0.0);
-        for (&s, &p) in slots.iter().zip(&scores) {
-            vec::axpy(p, &vc[s * shape.kv_dim + koff..][..d], &mut acc);
-        }
-        // SAFETY: see `OutPtr`; head `head` of `row` belongs to this task.
-        let dst = unsafe {
-            std::slice::from_raw_parts_mut(out.0.add((row * shape.n_heads + head) * d), d)
-        };
-        dst.copy_from_slice(&acc);
     }
 }

@@ -146,9 +146,9 @@ pub(crate) fn run(
                 .collect()
         };
         let out = OutPtr(s.attn.as_mut_ptr());
-        let (qkv, row_item) = (&s.qkv, &s.row_item);
-        pool.for_ranges(total * cfg.n_heads, &|range| {
-            attention::run_tasks(&views, row_item, l, qkv, &shape, out, range)
+        let qkv = &s.qkv;
+        pool.for_ranges(views.len() * cfg.n_heads, &|range| {
+            attention::run_tasks(&views, l, qkv, &shape, out, range)
         });
 
         w.wo.forward(&s.attn, &mut s.q8, &mut s.proj, isa, pool);
