@@ -41,7 +41,7 @@ impl QuantizedRows {
     /// `cols`; callers check shapes when the weights are loaded.
     pub fn quantize(&mut self, x: &[f32], cols: usize) {
         assert!(
-            cols % BLOCK == 0 && x.len() % cols == 0,
+            cols.is_multiple_of(BLOCK) && x.len().is_multiple_of(cols),
             "bad activation shape"
         );
         self.rows = x.len() / cols;

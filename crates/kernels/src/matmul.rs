@@ -55,12 +55,21 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// Through a method, so closures capture the `Sync` wrapper rather
+    /// than its raw-pointer field.
+    #[inline(always)]
+    fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+}
+
 impl QMatrix {
     /// Wraps weights, checking that their size matches `rows × cols`.
     pub fn new(rows: usize, cols: usize, weights: Weights) -> Result<QMatrix, WeightLayoutError> {
         match &weights {
             Weights::Quant { format, data } => {
-                if cols % BLOCK != 0 {
+                if !cols.is_multiple_of(BLOCK) {
                     return Err(WeightLayoutError::Unaligned { cols });
                 }
                 let expected = rows * format.row_bytes(cols);
@@ -237,7 +246,6 @@ impl QMatrix {
                 let tile = tile_fn(isa, *format);
                 let rb = format.row_bytes(self.cols);
                 pool.for_ranges(n, &|range| {
-                    let optr = optr;
                     let mut tmp: Out = [[0.0; TILE]; WROWS];
                     let mut r = 0;
                     while r < k {
@@ -256,7 +264,7 @@ impl QMatrix {
                                     // SAFETY: (r + i) < k and j + jj < n: inside
                                     // `out`; feature j + jj belongs to this
                                     // thread alone.
-                                    unsafe { *optr.0.add((r + i) * n + j + jj) = *v };
+                                    unsafe { *optr.ptr().add((r + i) * n + j + jj) = *v };
                                 }
                             }
                             j += rows;
@@ -268,13 +276,12 @@ impl QMatrix {
             Storage::F32(data) => {
                 let cols = self.cols;
                 pool.for_ranges(n, &|range| {
-                    let optr = optr;
                     for j in range {
                         let w = &data[j * cols..(j + 1) * cols];
                         for r in 0..k {
                             let v = vec::dot(w, &x[r * cols..(r + 1) * cols]);
                             // SAFETY: as above.
-                            unsafe { *optr.0.add(r * n + j) = v };
+                            unsafe { *optr.ptr().add(r * n + j) = v };
                         }
                     }
                 });
@@ -303,7 +310,6 @@ impl QMatrix {
         let pair = crate::packed_x86::pair_fn(isa, format);
         let cols = self.cols;
         pool.for_ranges(n.div_ceil(packed::GROUP), &|groups| {
-            let optr = optr;
             let mut tmp = [[[0.0f32; packed::GROUP]; 4]; 2];
             let mut g = groups.start;
             while g < groups.end {
@@ -350,7 +356,7 @@ impl QMatrix {
                             unsafe {
                                 std::ptr::copy_nonoverlapping(
                                     row.as_ptr(),
-                                    optr.0.add((r + i) * n + j0),
+                                    optr.ptr().add((r + i) * n + j0),
                                     width,
                                 )
                             };

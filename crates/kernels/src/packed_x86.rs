@@ -1,5 +1,8 @@
 //! AVX2 / VNNI kernels over 8-row packed groups (see `packed`).
 
+// Tile loops index several parallel register arrays by the same counter.
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 
 use crate::act::{BlockQ8, QuantizedRows};

@@ -56,16 +56,18 @@ impl LlamaConfig {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("`{name}` must be > 0"));
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(format!(
                 "`n_heads` ({}) must be a multiple of `n_kv_heads` ({})",
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!("`head_dim` ({}) must be even", self.head_dim));
         }
-        if !(self.rope_theta > 0.0) || !(self.rms_norm_eps > 0.0) {
+        // NaN must fail too, hence not `<= 0.0`.
+        let positive = |v: f32| v.partial_cmp(&0.0) == Some(std::cmp::Ordering::Greater);
+        if !positive(self.rope_theta) || !positive(self.rms_norm_eps) {
             return Err("`rope_theta` and `rms_norm_eps` must be > 0".into());
         }
         Ok(())

@@ -19,15 +19,14 @@ pub enum ModelError {
         "{path} is not a GGUF file ({reason}); pass a .gguf file or a Hugging Face model directory"
     )]
     NotGguf { path: PathBuf, reason: String },
+    #[error("{path} is truncated: {what}; download it again")]
+    Truncated { path: PathBuf, what: String },
+    #[error("{path} is not a readable safetensors file ({reason})")]
+    BadSafetensors { path: PathBuf, reason: String },
     #[error(
-        "{path} is truncated: {what} needs bytes up to {needed}, the file has {actual}; download it again"
+        "no *.safetensors files in {dir}: pass a GGUF file or a Hugging Face model directory with its weights"
     )]
-    Truncated {
-        path: PathBuf,
-        what: String,
-        needed: u64,
-        actual: u64,
-    },
+    NoWeights { dir: PathBuf },
     #[error("unsupported architecture `{arch}` in {path}: supported are {supported}")]
     UnsupportedArchitecture {
         path: PathBuf,
@@ -76,3 +75,10 @@ pub enum ModelError {
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+/// The first line of a candle error: with `RUST_BACKTRACE` set, candle
+/// appends a backtrace to its message, which does not belong in a one-line
+/// error for the user.
+pub(crate) fn candle_reason(e: &candle_core::Error) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_owned()
+}

@@ -135,11 +135,7 @@ pub(crate) fn run(
             items
                 .iter()
                 .map(|(seq, block)| {
-                    let it = Item {
-                        seq: &**seq,
-                        block: *block,
-                        row0,
-                    };
+                    let it = Item { seq, block, row0 };
                     row0 += block.len();
                     it
                 })

@@ -67,7 +67,7 @@ fn tree_logits_equal_those_of_each_root_to_node_path_run_as_a_chain() {
         let tree = Block::tree(tokens.clone(), parents.clone(), pre.len()).unwrap();
         let tree_logits = m.forward(&mut seq, &tree).unwrap();
         let leaves: Vec<usize> = (0..tokens.len())
-            .filter(|&i| !parents.iter().any(|p| *p == Some(i)))
+            .filter(|&i| !parents.contains(&Some(i)))
             .collect();
         for leaf in leaves {
             let path = path_to(&parents, leaf);

@@ -18,7 +18,7 @@ pub enum TokenizerError {
     },
 
     /// The GGUF header or metadata section could not be parsed.
-    #[error("failed to parse the gguf header of {}: {message}", path.display())]
+    #[error("{} is not a readable GGUF file ({message}): pass a .gguf file or a Hugging Face model directory", path.display())]
     GgufParse { path: PathBuf, message: String },
 
     /// A metadata key that the tokenizer needs is absent.

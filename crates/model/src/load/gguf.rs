@@ -15,7 +15,7 @@ use specmesh_kernels::{QFormat, QMatrix, Weights as KWeights};
 
 use super::Progress;
 use crate::config::{LlamaConfig, RopeStyle};
-use crate::error::{ModelError, Result};
+use crate::error::{ModelError, Result, candle_reason};
 use crate::weights::{LayerWeights, Projection, Weights};
 
 const SUPPORTED_ARCHS: &str = "llama";
@@ -42,7 +42,16 @@ pub(super) fn load(
     let file = File::open(path).map_err(io)?;
     let file_len = file.metadata().map_err(io)?.len();
     let mut file = BufReader::new(file);
-    let content = Content::read(&mut file).map_err(|e| header_error(path, file_len, e))?;
+    let mut magic = [0u8; 4];
+    let has_magic = file.read_exact(&mut magic).is_ok() && &magic == b"GGUF";
+    if !has_magic {
+        return Err(ModelError::NotGguf {
+            path: path.to_owned(),
+            reason: "it does not start with the GGUF magic".into(),
+        });
+    }
+    file.seek(SeekFrom::Start(0)).map_err(io)?;
+    let content = Content::read(&mut file).map_err(|e| header_error(path, e))?;
     let mut r = Reader {
         path: path.to_owned(),
         file,
@@ -57,19 +66,20 @@ pub(super) fn load(
     r.build(config)
 }
 
-fn header_error(path: &Path, file_len: u64, e: candle_core::Error) -> ModelError {
-    let msg = e.to_string();
-    if msg.contains("failed to fill whole buffer") || msg.contains("unexpected end of file") {
+/// The file starts with the GGUF magic, so a header that does not parse was
+/// cut short (candle reports EOF or "… remaining") or is corrupt.
+fn header_error(path: &Path, e: candle_core::Error) -> ModelError {
+    let reason = candle_reason(&e);
+    let short = ["fill whole buffer", "end of file", "remaining", "exceeds"];
+    if short.iter().any(|s| reason.contains(s)) {
         ModelError::Truncated {
             path: path.to_owned(),
-            what: "the GGUF header".into(),
-            needed: file_len + 1,
-            actual: file_len,
+            what: format!("its GGUF header ends early ({reason})"),
         }
     } else {
         ModelError::NotGguf {
             path: path.to_owned(),
-            reason: msg,
+            reason: format!("corrupt GGUF header: {reason}"),
         }
     }
 }
@@ -87,9 +97,9 @@ impl Reader<'_> {
             if end > file_len {
                 return Err(ModelError::Truncated {
                     path: self.path.clone(),
-                    what: format!("tensor `{name}`"),
-                    needed: end,
-                    actual: file_len,
+                    what: format!(
+                        "tensor `{name}` needs bytes up to {end}, the file has {file_len}"
+                    ),
                 });
             }
             self.total += tensor_bytes(info);
@@ -221,7 +231,12 @@ impl Reader<'_> {
         ModelError::Tensor {
             path: self.path.clone(),
             name: name.to_owned(),
-            reason: reason.to_string(),
+            reason: reason
+                .to_string()
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
         }
     }
 
@@ -251,7 +266,7 @@ impl Reader<'_> {
             _ => None,
         };
         let weights = match native {
-            Some(format) if cols % 32 == 0 && !self.dequantize => {
+            Some(format) if cols.is_multiple_of(32) && !self.dequantize => {
                 let mut data = vec![0u8; tensor_bytes(&info) as usize];
                 let start = self.content.tensor_data_offset + info.offset;
                 self.file

@@ -15,7 +15,7 @@ use specmesh_kernels::{QMatrix, Weights as KWeights};
 
 use super::Progress;
 use crate::config::{LlamaConfig, RopeStyle};
-use crate::error::{ModelError, Result};
+use crate::error::{ModelError, Result, candle_reason};
 use crate::weights::{LayerWeights, Projection, Weights};
 
 #[derive(Deserialize)]
@@ -89,18 +89,17 @@ pub(super) fn load(dir: &Path, progress: Option<Progress<'_>>) -> Result<Weights
         .collect();
     shards.sort();
     if shards.is_empty() {
-        return Err(ModelError::MissingTensor {
-            path: dir.to_owned(),
-            name: "*.safetensors".into(),
+        return Err(ModelError::NoWeights {
+            dir: dir.to_owned(),
         });
     }
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     let total = shards.len() as u64;
     for (i, shard) in shards.iter().enumerate() {
         let t = candle_core::safetensors::load(shard, &Device::Cpu).map_err(|e| {
-            ModelError::NotGguf {
+            ModelError::BadSafetensors {
                 path: shard.clone(),
-                reason: format!("not a readable safetensors file: {e}"),
+                reason: candle_reason(&e),
             }
         })?;
         tensors.extend(t);
@@ -138,7 +137,7 @@ impl Loader<'_> {
             .map_err(|e| ModelError::Tensor {
                 path: self.dir.to_owned(),
                 name: name.into(),
-                reason: e.to_string(),
+                reason: candle_reason(&e),
             })
     }
 

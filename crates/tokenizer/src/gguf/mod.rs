@@ -67,7 +67,9 @@ pub(crate) fn read_header(path: &Path) -> Result<Content, TokenizerError> {
     })?;
     Content::read(&mut BufReader::new(file)).map_err(|e| TokenizerError::GgufParse {
         path: path.to_path_buf(),
-        message: e.to_string(),
+        // candle appends a backtrace when RUST_BACKTRACE is set: keep the
+        // message to its first line.
+        message: e.to_string().lines().next().unwrap_or_default().to_owned(),
     })
 }
 
