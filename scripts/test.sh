@@ -10,4 +10,10 @@ SPECMESH_MODEL="$(./target/release/specmesh model fetch | tail -n1)"
 export SPECMESH_MODEL
 echo "model: $SPECMESH_MODEL"
 
-cargo test --release --locked --workspace "$@"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+cargo test --release --locked --workspace "$@" 2>&1 | tee "$log"
+# One closing line for the whole run (cargo prints one per test binary, the
+# last ones being empty doc-test runs).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1) } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

@@ -1,3 +1,7 @@
+//! Kernel micro-benchmark: one Q4_1 576×1536 layer (SmolLM2's FFN shape)
+//! for k = 1, 4, 8, 16 activation rows on every supported ISA.
+//! `T=2 cargo run --release -p specmesh-kernels --example kb` (T = threads).
+
 use specmesh_kernels::*;
 use std::time::Instant;
 fn main() {

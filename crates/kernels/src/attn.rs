@@ -70,15 +70,7 @@ pub fn pv_sum(p: &[f32], v: &[f32], stride: usize, slots: &[usize], out: &mut [f
 mod x86 {
     use std::arch::x86_64::*;
 
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        unsafe {
-            let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            let h = _mm_add_ss(h, _mm_movehdup_ps(h));
-            _mm_cvtss_f32(h)
-        }
-    }
+    use crate::vec::hsum256 as hsum;
 
     /// `N` = head_dim / 8.
     pub(super) unsafe fn qk<const N: usize>(

@@ -25,6 +25,23 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     dot_portable(a, b)
 }
 
+/// Sum of the 8 lanes of `v` in a fixed order.
+///
+/// # Safety
+/// The CPU must support AVX; callers are AVX2 kernels (compiled for it or
+/// entered after run-time detection), into which this inlines.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn hsum256(v: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    unsafe {
+        let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        let h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        _mm_cvtss_f32(h)
+    }
+}
+
 /// Two 8-lane FMA accumulators; LLVM does not vectorize the portable
 /// version well for head-sized (64) vectors.
 #[cfg(all(
@@ -54,11 +71,7 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
             acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
             i += 8;
         }
-        let v = _mm256_add_ps(acc0, acc1);
-        let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        let h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        let mut s = _mm_cvtss_f32(h);
+        let mut s = hsum256(_mm256_add_ps(acc0, acc1));
         while i < n {
             s += a[i] * b[i];
             i += 1;

@@ -45,16 +45,7 @@ impl DotU8I8 for Avx512Vnni {
     }
 }
 
-/// Sum of the 8 lanes in a fixed order.
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    unsafe {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-}
+use crate::vec::hsum256 as hsum;
 
 #[inline(always)]
 unsafe fn load_act(a: &BlockQ8) -> __m256i {
