@@ -310,7 +310,7 @@ impl QMatrix {
         let pair = crate::packed_x86::pair_fn(isa, format);
         let cols = self.cols;
         pool.for_ranges(n.div_ceil(packed::GROUP), &|groups| {
-            let mut tmp = [[[0.0f32; packed::GROUP]; 4]; 2];
+            let mut tmp = [[[0.0f32; packed::GROUP]; 8]; 2];
             let mut g = groups.start;
             while g < groups.end {
                 // Two groups per call where a 512-bit kernel exists; its lanes
@@ -329,9 +329,11 @@ impl QMatrix {
                         1
                     }
                 };
+                // The 512-bit pair kernels have registers for 8 rows.
+                let tmax = if span == 2 { 8 } else { 4 };
                 let mut r = 0;
                 while r < k {
-                    let t = (k - r).min(4);
+                    let t = (k - r).min(tmax);
                     match (span, kernel) {
                         #[cfg(target_arch = "x86_64")]
                         // SAFETY: `data` is this matrix's packed storage with

@@ -127,7 +127,7 @@ pub(crate) fn group_scalar(
     acts: &QuantizedRows,
     r0: usize,
     t: usize,
-    out: &mut [[f32; GROUP]; 4],
+    out: &mut [[f32; GROUP]; 8],
 ) {
     let nb = cols / BLOCK;
     let gbb = group_block_bytes(format);

@@ -11,7 +11,11 @@ use crate::isa::Isa;
 use crate::packed::{GROUP, group_block_bytes};
 
 /// Results of one group tile: `out[t][j]` for activation row t, group row j.
-pub(crate) type GroupOut = [[f32; GROUP]; 4];
+pub(crate) type GroupOut = [[f32; GROUP]; MAX_T];
+
+/// Activation rows per tile at most (the 512-bit pair kernels; 256-bit
+/// kernels take up to 4).
+pub(crate) const MAX_T: usize = 8;
 
 /// `out[t][j]` = packed row (8g + j) · activation row (r0 + t), t < `t`.
 ///
@@ -369,7 +373,11 @@ macro_rules! pair_entry {
                     1 => $kernel::<1>(data, nb, g, acts, r0, out),
                     2 => $kernel::<2>(data, nb, g, acts, r0, out),
                     3 => $kernel::<3>(data, nb, g, acts, r0, out),
-                    _ => $kernel::<4>(data, nb, g, acts, r0, out),
+                    4 => $kernel::<4>(data, nb, g, acts, r0, out),
+                    5 => $kernel::<5>(data, nb, g, acts, r0, out),
+                    6 => $kernel::<6>(data, nb, g, acts, r0, out),
+                    7 => $kernel::<7>(data, nb, g, acts, r0, out),
+                    _ => $kernel::<8>(data, nb, g, acts, r0, out),
                 }
             }
         }
