@@ -143,6 +143,14 @@ pub fn run(args: Args) -> Result<()> {
 
     // Cost curve: a k-token chain on top of `context` committed tokens.
     let mut base = base.expect("at least one prefill rep");
+    // The first timed forwards after the decode run come out slower (clock
+    // and thread wake-up): without this warm-up, whichever k is measured
+    // first looks ~40% more expensive than it is.
+    let warm = Block::chain(tokens(1, 4), base.len())?;
+    for _ in 0..2 * args.reps {
+        model.forward(&mut base, &warm)?;
+        base.discard();
+    }
     let mut curve = Vec::new();
     let mut one = None;
     for &k in &args.ks {
