@@ -28,7 +28,6 @@ pub(crate) struct Scratch {
     act: Vec<f32>,
     tmp: Vec<f32>,
     q8: QuantizedRows,
-    row_item: Vec<u32>,
 }
 
 pub(crate) fn run(
@@ -76,10 +75,6 @@ pub(crate) fn run(
     let total: usize = items.iter().map(|(_, b)| b.len()).sum();
     let (isa, pool) = (m.isa, &*m.pool);
 
-    s.row_item.clear();
-    for (idx, (_, b)) in items.iter().enumerate() {
-        s.row_item.extend(std::iter::repeat_n(idx as u32, b.len()));
-    }
     s.x.resize(total * h, 0.0);
     {
         let mut row = 0;
