@@ -1,0 +1,1 @@
+//! (helper fills this in)
