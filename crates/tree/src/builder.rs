@@ -145,8 +145,12 @@ impl TreeBuilder {
                 reason: format!("the tree has only {} nodes", self.tokens.len()),
             });
         }
-        let dist = DraftDist::new(entries, self.limits.vocab)
-            .map_err(|reason| TreeError::BadDraftDist { index: node, reason })?;
+        let dist = DraftDist::new(entries, self.limits.vocab).map_err(|reason| {
+            TreeError::BadDraftDist {
+                index: node,
+                reason,
+            }
+        })?;
         if let Some(&c) = self.kids[node]
             .iter()
             .find(|&&c| dist.prob(self.tokens[c as usize]) <= 0.0)

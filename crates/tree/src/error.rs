@@ -3,14 +3,24 @@
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TreeError {
-    #[error("node {index} names parent {parent}: a parent must be an earlier node (a later one would allow a cycle)")]
+    #[error(
+        "node {index} names parent {parent}: a parent must be an earlier node (a later one would allow a cycle)"
+    )]
     BadParent { index: usize, parent: usize },
     #[error("the tree has {nodes} nodes, over the budget of {max}")]
     TooManyNodes { nodes: usize, max: usize },
     #[error("node {index} is at depth {depth}, over the depth budget of {max}")]
-    TooDeep { index: usize, depth: usize, max: usize },
+    TooDeep {
+        index: usize,
+        depth: usize,
+        max: usize,
+    },
     #[error("node {index} has token {token}, but the vocabulary has {vocab} tokens")]
-    TokenOutOfVocab { index: usize, token: u32, vocab: u32 },
+    TokenOutOfVocab {
+        index: usize,
+        token: u32,
+        vocab: u32,
+    },
     #[error("node {index} repeats token {token} of its sibling {sibling}")]
     DuplicateSibling {
         index: usize,

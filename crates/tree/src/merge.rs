@@ -56,11 +56,17 @@ pub fn merge(trees: &[&TokenTree], limits: TreeLimits) -> Result<TokenTree, Tree
     if let [t] = trees {
         let map = &maps[0];
         for i in 0..t.len() {
-            let Some(dist) = t.draft_dist(i) else { continue };
+            let Some(dist) = t.draft_dist(i) else {
+                continue;
+            };
             if !keep[map[i]] {
                 continue;
             }
-            let kept: Vec<bool> = t.children(i).iter().map(|&c| keep[map[c as usize]]).collect();
+            let kept: Vec<bool> = t
+                .children(i)
+                .iter()
+                .map(|&c| keep[map[c as usize]])
+                .collect();
             let is_prefix = kept.windows(2).all(|w| w[0] || !w[1]);
             if is_prefix {
                 b.set_draft_dist(out[map[i]], dist.entries().to_vec())?;
@@ -118,7 +124,9 @@ impl Union {
         let key = |u: usize| (self.score[u].to_bits(), Reverse(self.depth[u]), Reverse(u));
         let mut heap: BinaryHeap<_> = self.kids[0].iter().map(|&c| key(c)).collect();
         while kept < limits.max_nodes {
-            let Some((_, _, Reverse(u))) = heap.pop() else { break };
+            let Some((_, _, Reverse(u))) = heap.pop() else {
+                break;
+            };
             if self.depth[u] > limits.max_depth {
                 continue;
             }

@@ -221,7 +221,10 @@ impl TokenTree {
 
     /// Tokens from the root to `i`, both included.
     pub fn path_tokens(&self, i: usize) -> Vec<u32> {
-        self.path_to(i).into_iter().map(|n| self.tokens[n]).collect()
+        self.path_to(i)
+            .into_iter()
+            .map(|n| self.tokens[n])
+            .collect()
     }
 
     /// Whether `a` is `b` or one of its ancestors.
