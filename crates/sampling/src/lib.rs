@@ -6,7 +6,9 @@
 //! of `(seed, i)` — a counter-based generator, not a stream consumed step by
 //! step. Plain decoding and speculative decoding that samples y at each
 //! position from the same distribution with the same uniform therefore emit
-//! the same tokens, whatever the drafters proposed.
+//! the same tokens, whatever the drafters proposed. Procedures that need
+//! more randomness at a position (rejection sampling's accept tests) take
+//! [`uniform_at`] draws 1, 2, ..., leaving draw 0 to plain sampling.
 
 #![forbid(unsafe_code)]
 
@@ -14,7 +16,7 @@ mod params;
 mod rng;
 
 pub use params::{SamplingError, SamplingParams};
-pub use rng::uniform;
+pub use rng::{uniform, uniform_at};
 
 /// Picks the next token from one row of logits at output position `position`.
 ///

@@ -13,11 +13,16 @@ use crate::{TokenTree, TreeBuilder, TreeError, TreeLimits};
 /// root's children, so the result is always ancestor-closed: a node is never
 /// kept without its parent.
 ///
-/// Draft distributions survive only when a single tree is merged (pruned)
-/// and the children kept under a node are a prefix of its sampled children:
-/// a candidate set mixed from several drafters was not sampled from any one
-/// of their distributions, and verification then uses the probability-free
-/// rule, which is lossless for any candidates.
+/// Draft distributions survive only when a single tree is merged and
+/// nothing of it is cut. Rejection sampling with q is lossless only averaged
+/// over the draws of the candidates; a cut decided by scores depends on
+/// which tokens were drawn, so keeping q after one would bias the output
+/// (e.g. q = {a: .5, b: .5}, p = {a: .3, b: .7}, room for one child that
+/// scores higher as `a`: the output becomes a .45 / b .55). A candidate set
+/// mixed from several drafters was not sampled from any one q either.
+/// Without q, verification uses the probability-free rule, which is
+/// lossless for any candidates. So a drafter that attaches q must stay
+/// within the limits it is given.
 pub fn merge(trees: &[&TokenTree], limits: TreeLimits) -> Result<TokenTree, TreeError> {
     let first = trees.first().ok_or(TreeError::NothingToMerge)?;
     let root = first.root_token();
@@ -53,23 +58,12 @@ pub fn merge(trees: &[&TokenTree], limits: TreeLimits) -> Result<TokenTree, Tree
         }
     }
 
-    if let [t] = trees {
-        let map = &maps[0];
+    if let [t] = trees
+        && keep.iter().all(|&k| k)
+    {
         for i in 0..t.len() {
-            let Some(dist) = t.draft_dist(i) else {
-                continue;
-            };
-            if !keep[map[i]] {
-                continue;
-            }
-            let kept: Vec<bool> = t
-                .children(i)
-                .iter()
-                .map(|&c| keep[map[c as usize]])
-                .collect();
-            let is_prefix = kept.windows(2).all(|w| w[0] || !w[1]);
-            if is_prefix {
-                b.set_draft_dist(out[map[i]], dist.entries().to_vec())?;
+            if let Some(dist) = t.draft_dist(i) {
+                b.set_draft_dist(out[maps[0][i]], dist.entries().to_vec())?;
             }
         }
     }

@@ -193,15 +193,11 @@ fn merge_collapses_shared_prefixes_and_keeps_the_best() {
 }
 
 #[test]
-fn pruning_keeps_draft_distributions_only_for_sampled_prefixes() {
+fn draft_distributions_survive_only_an_uncut_single_tree() {
     let l = limits(16, 4);
     let q = vec![(2, 0.5), (3, 0.3), (4, 0.2)];
     let t =
-        TokenTree::from_untrusted(1, [(0, 2, 0.5), (0, 3, 0.1), (0, 4, 0.4)], [(0, q)], l).unwrap();
-    // Keeping {2, 3} would be a prefix, but the scores keep {2, 4}: not a
-    // prefix of the sampling order, so q must go.
-    let cut = merge(&[&t], limits(3, 4)).unwrap();
-    assert!(cut.draft_dist(0).is_none());
+        TokenTree::from_untrusted(1, [(0, 2, 0.5), (0, 3, 0.4), (0, 4, 0.1)], [(0, q)], l).unwrap();
     let whole = merge(&[&t], l).unwrap();
     assert!(whole.draft_dist(0).is_some());
     assert_eq!(
@@ -209,6 +205,11 @@ fn pruning_keeps_draft_distributions_only_for_sampled_prefixes() {
         t.tokens(),
         "child order is the sampling order"
     );
+    // Any cut depends on which tokens were drawn (through their scores), so
+    // q goes, even when the kept children are a prefix of the sampled ones.
+    let cut = merge(&[&t], limits(3, 4)).unwrap();
+    assert_eq!(cut.tokens(), &[1, 2, 3]);
+    assert!(!cut.has_draft_dists());
     // Two trees: candidates are no longer a sample of one q.
     let mixed = merge(&[&t, &t.clone()], l).unwrap();
     assert!(!mixed.has_draft_dists());

@@ -1,0 +1,142 @@
+//! The walk down the tree: at each node decide the target's token for that
+//! output position, descend into the child carrying it, stop otherwise.
+
+use specmesh_sampling::{SamplingParams, sample, uniform_at};
+use specmesh_tree::TokenTree;
+
+use crate::rrs::{Decision, recursive_rejection};
+use crate::topk::top_logprobs;
+use crate::{LogitRows, VerifyError};
+
+/// What the target accepted of a tree.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verification {
+    /// Accepted nodes, root first (`[0]` when no draft token was accepted).
+    pub path: Vec<usize>,
+    /// Tokens of `path[1..]`.
+    pub accepted: Vec<u32>,
+    /// The target's own token after the last accepted node: every
+    /// verification commits at least one token.
+    pub bonus: u32,
+    /// For each node of `path`, the target's `top_k` most likely tokens at
+    /// that node's row as (token, log-probability), most likely first (the
+    /// input of token recycling; see [`crate`] docs). Empty vectors when
+    /// `top_k` is 0.
+    pub top_k: Vec<Vec<(u32, f32)>>,
+}
+
+impl Verification {
+    /// Number of draft tokens accepted (the bonus not counted).
+    pub fn accepted_len(&self) -> usize {
+        self.accepted.len()
+    }
+
+    /// The tokens to commit: the accepted ones, then the bonus.
+    pub fn committed(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.accepted.len() + 1);
+        out.extend_from_slice(&self.accepted);
+        out.push(self.bonus);
+        out
+    }
+}
+
+/// Verifies `tree` against the target's logits `rows` (row `i` for node
+/// `i`).
+///
+/// `position` is the output index of the token that follows the root; a
+/// node at depth `d` decides output position `position + d`, whose uniforms
+/// are `uniform_at(params.seed, position + d, ·)`. At each node on the walk:
+///
+/// - greedy (`temperature == 0`): the argmax, so the committed tokens are
+///   exactly those of plain greedy decoding; draft distributions are
+///   ignored;
+/// - sampling, node without a draft distribution (or without children):
+///   the token plain sampling would draw at that position,
+///   `sample(row, params, position + d)`, so a seeded request emits the
+///   same tokens with and without speculation, whatever the tree;
+/// - sampling, node with a draft distribution: recursive rejection sampling
+///   without replacement over its children (see the crate docs); lossless
+///   in distribution, and it accepts more often when the drafter's `q` is
+///   close to `p`, but the tokens then differ from plain sampling's.
+///
+/// Only the rows of nodes on the walk are read: greedy costs one argmax per
+/// visited row, sampling one `distribution()` per visited row, and `top_k`
+/// a partial selection per path node.
+pub fn verify<R: LogitRows + ?Sized>(
+    tree: &TokenTree,
+    rows: &R,
+    params: &SamplingParams,
+    position: u64,
+    top_k: usize,
+) -> Result<Verification, VerifyError> {
+    if rows.num_rows() < tree.len() {
+        return Err(VerifyError::TooFewRows {
+            nodes: tree.len(),
+            rows: rows.num_rows(),
+        });
+    }
+    let vocab = tree.limits().vocab as usize;
+    let mut path = vec![0];
+    let mut top = Vec::with_capacity(tree.max_depth() + 1);
+    let mut node = 0;
+    let bonus = loop {
+        let row = rows.row(node);
+        if row.len() != vocab {
+            return Err(VerifyError::RowLength {
+                node,
+                len: row.len(),
+                vocab,
+            });
+        }
+        top.push(top_logprobs(row, top_k));
+        // Wrapping: positions are keys of the random stream, not sizes.
+        let at = position.wrapping_add(tree.depth(node) as u64);
+        match step(tree, node, row, params, at) {
+            Step::Descend(child) => {
+                path.push(child);
+                node = child;
+            }
+            Step::Stop(token) => break token,
+        }
+    };
+    let accepted = path[1..].iter().map(|&n| tree.token(n)).collect();
+    Ok(Verification {
+        path,
+        accepted,
+        bonus,
+        top_k: top,
+    })
+}
+
+enum Step {
+    Descend(usize),
+    Stop(u32),
+}
+
+/// Decides the token at output position `at` from `node`'s row.
+fn step(tree: &TokenTree, node: usize, row: &[f32], params: &SamplingParams, at: u64) -> Step {
+    let children = tree.children(node);
+    if !params.is_greedy()
+        && !children.is_empty()
+        && let Some(q) = tree.draft_dist(node)
+    {
+        let p = params.distribution(row);
+        let tokens: Vec<u32> = children.iter().map(|&c| tree.token(c as usize)).collect();
+        let draw = |d| uniform_at(params.seed, at, d);
+        match recursive_rejection(&p, q.entries(), &tokens, row.len(), draw) {
+            Decision::Accept(k) => return Step::Descend(children[k] as usize),
+            Decision::Bonus(token) => return Step::Stop(token),
+            Decision::Fallback => {}
+        }
+    }
+    // The probability-free rule (greedy is its temperature-0 case): the
+    // token plain decoding emits here, kept if the tree drafted it.
+    let y = sample(row, params, at);
+    match tree.child_with(node, y) {
+        Some(child) => Step::Descend(child),
+        None => Step::Stop(y),
+    }
+}
+
+#[cfg(test)]
+mod tests;
