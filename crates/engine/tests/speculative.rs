@@ -1,0 +1,318 @@
+//! Speculative decoding on the real model returns exactly what plain
+//! decoding returns: greedy token for token, and seeded sampling token for
+//! token when the drafter sends no probabilities.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use specmesh_draft::{DraftContext, Drafter, Feedback};
+use specmesh_engine::{Session, SessionLimits, generate, step_batch};
+use specmesh_model::{LoadOptions, Model};
+use specmesh_sampling::SamplingParams;
+use specmesh_tokenizer::{ChatMessage, Tokenizer};
+use specmesh_tree::{TokenTree, TreeBuilder, TreeLimits};
+
+fn model_path() -> PathBuf {
+    let path = std::env::var_os("SPECMESH_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/specmesh/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        path.exists(),
+        "model not found at {}: run `specmesh model fetch`",
+        path.display()
+    );
+    path
+}
+
+fn model() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
+    M.get_or_init(|| Model::load(&model_path(), &LoadOptions::default()).unwrap())
+}
+
+fn tokenizer() -> &'static Tokenizer {
+    static T: OnceLock<Tokenizer> = OnceLock::new();
+    T.get_or_init(|| Tokenizer::from_gguf_path(&model_path()).unwrap())
+}
+
+fn chat(text: &str) -> Vec<u32> {
+    let t = tokenizer();
+    let rendered = t
+        .apply_chat_template(&[ChatMessage::new("user", text)], true)
+        .unwrap();
+    t.encode_for_model(&rendered).unwrap()
+}
+
+const PROMPTS: [&str; 4] = [
+    "Summarize: The cat sat on the mat because the mat was warm and the sun was out.",
+    "Write a Python function that returns the sum of a list of numbers.",
+    "Translate to French: Good morning, how are you today?",
+    "List three colors.",
+];
+
+fn limits(max_new: usize) -> SessionLimits {
+    SessionLimits {
+        max_new_tokens: max_new,
+        eos: tokenizer().eos_token_ids().to_vec(),
+    }
+}
+
+fn plain(prompt: &[u32], params: &SamplingParams, max_new: usize) -> Vec<u32> {
+    let vocab = model().config().vocab_size as u32;
+    let mut budget = |_: &Session| TreeLimits::new(1, 0, vocab);
+    generate(
+        model(),
+        prompt,
+        params.clone(),
+        limits(max_new),
+        None,
+        &mut budget,
+        &mut |_| {},
+    )
+    .unwrap()
+    .tokens
+}
+
+/// Proposes trees around a known continuation: the right token at each
+/// depth with probability `hit`, wrong siblings and wrong branches around
+/// it, so acceptance stops at every possible depth.
+struct Noisy {
+    truth: Vec<u32>,
+    prompt_len: usize,
+    hit: f64,
+    rng: StdRng,
+}
+
+impl Drafter for Noisy {
+    fn name(&self) -> &'static str {
+        "noisy"
+    }
+
+    fn propose(&mut self, ctx: &DraftContext<'_>) -> TokenTree {
+        let done = ctx.tokens.len() - self.prompt_len;
+        let mut b = TreeBuilder::new(ctx.root(), ctx.limits).unwrap();
+        let mut node = 0;
+        for d in 0..ctx.limits.max_depth {
+            let right = self.truth.get(done + d).copied().unwrap_or(1);
+            let wrong = self.rng.random_range(100..40_000);
+            let (first, second) = if self.rng.random_bool(self.hit) {
+                (right, wrong)
+            } else {
+                (wrong, right)
+            };
+            let Ok(a) = b.push(node, first, 0.9) else {
+                break;
+            };
+            if self.rng.random_bool(0.5) {
+                let _ = b.push(node, second, 0.5);
+            }
+            node = a;
+        }
+        b.build()
+    }
+
+    fn observe(&mut self, f: &Feedback<'_>) {
+        // The path is root + accepted; committed is accepted + bonus.
+        assert_eq!(f.path.len(), f.committed.len());
+        assert_eq!(f.top_k.len(), f.path.len());
+    }
+}
+
+fn speculative(
+    prompt: &[u32],
+    params: &SamplingParams,
+    truth: Vec<u32>,
+    max_new: usize,
+    seed: u64,
+) -> (Vec<u32>, usize) {
+    let vocab = model().config().vocab_size as u32;
+    let mut drafter = Noisy {
+        truth,
+        prompt_len: prompt.len(),
+        hit: 0.8,
+        rng: StdRng::seed_from_u64(seed),
+    };
+    let mut budget = |_: &Session| TreeLimits::new(12, 6, vocab);
+    let g = generate(
+        model(),
+        prompt,
+        params.clone(),
+        limits(max_new),
+        Some(&mut drafter),
+        &mut budget,
+        &mut |_| {},
+    )
+    .unwrap();
+    (g.tokens, g.stats.verify_steps)
+}
+
+#[test]
+fn greedy_speculative_equals_plain_greedy() {
+    let greedy = SamplingParams::greedy();
+    for (i, text) in PROMPTS.iter().enumerate() {
+        let prompt = chat(text);
+        let expected = plain(&prompt, &greedy, 40);
+        let (got, steps) = speculative(&prompt, &greedy, expected.clone(), 40, i as u64);
+        assert_eq!(got, expected, "prompt {i}");
+        assert!(
+            steps < expected.len(),
+            "prompt {i}: {steps} steps for {} tokens",
+            expected.len()
+        );
+    }
+}
+
+#[test]
+fn seeded_sampling_is_the_same_with_and_without_speculation() {
+    let params = SamplingParams::new(0.8, 0.95, 40, 1234).unwrap();
+    for (i, text) in PROMPTS.iter().enumerate().take(2) {
+        let prompt = chat(text);
+        let expected = plain(&prompt, &params, 32);
+        let (got, _) = speculative(&prompt, &params, expected.clone(), 32, 100 + i as u64);
+        assert_eq!(got, expected, "prompt {i}");
+    }
+}
+
+#[test]
+fn a_batch_commits_what_each_session_commits_alone() {
+    let m = model();
+    let greedy = SamplingParams::greedy();
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|t| chat(t)).collect();
+    let vocab = m.config().vocab_size as u32;
+    let mut sessions: Vec<Session> = prompts
+        .iter()
+        .map(|p| {
+            let mut s =
+                Session::new(m, p.clone(), p.len(), greedy.clone(), limits(16), None).unwrap();
+            s.prefill(m).unwrap();
+            s
+        })
+        .collect();
+    let mut rng = StdRng::seed_from_u64(9);
+    for _ in 0..4 {
+        let trees: Vec<TokenTree> = sessions
+            .iter()
+            .map(|s| {
+                let mut b = TreeBuilder::new(s.root(), TreeLimits::new(6, 3, vocab)).unwrap();
+                for _ in 0..5 {
+                    let parent = rng.random_range(0..b.len());
+                    let _ = b.push(parent, rng.random_range(100..2000), 0.5);
+                }
+                b.build()
+            })
+            .collect();
+        let mut alone: Vec<Vec<u32>> = Vec::new();
+        for (s, t) in sessions.iter().zip(&trees) {
+            let mut copy = Session::new(
+                m,
+                s.tokens().to_vec(),
+                s.prompt_len(),
+                greedy.clone(),
+                limits(16),
+                None,
+            )
+            .unwrap();
+            copy.prefill(m).unwrap();
+            alone.push(
+                step_batch(m, &mut [(&mut copy, t)], 0)
+                    .unwrap()
+                    .remove(0)
+                    .committed,
+            );
+        }
+        let mut items: Vec<(&mut Session, &TokenTree)> =
+            sessions.iter_mut().zip(trees.iter()).collect();
+        let batched: Vec<Vec<u32>> = step_batch(m, &mut items, 0)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.committed)
+            .collect();
+        assert_eq!(batched, alone);
+    }
+}
+
+#[test]
+fn a_tree_for_another_root_is_refused_and_nothing_changes() {
+    let m = model();
+    let prompt = chat(PROMPTS[3]);
+    let mut s = Session::new(
+        m,
+        prompt.clone(),
+        prompt.len(),
+        SamplingParams::greedy(),
+        limits(8),
+        None,
+    )
+    .unwrap();
+    s.prefill(m).unwrap();
+    let vocab = m.config().vocab_size as u32;
+    let wrong = TokenTree::root_only(s.root() + 1, TreeLimits::new(4, 2, vocab)).unwrap();
+    let err = step_batch(m, &mut [(&mut s, &wrong)], 0).unwrap_err();
+    assert!(err.to_string().contains("root is token"), "{err}");
+    assert_eq!(s.tokens(), prompt.as_slice());
+    let right = TokenTree::root_only(s.root(), TreeLimits::new(4, 2, vocab)).unwrap();
+    let step = step_batch(m, &mut [(&mut s, &right)], 0).unwrap().remove(0);
+    assert_eq!(step.committed, plain(&prompt, &SamplingParams::greedy(), 1));
+}
+
+#[test]
+fn a_cached_prefix_is_reused_and_gives_the_same_output() {
+    let m = model();
+    let greedy = SamplingParams::greedy();
+    let first = chat(PROMPTS[0]);
+    let mut s = Session::new(
+        m,
+        first.clone(),
+        first.len(),
+        greedy.clone(),
+        limits(12),
+        None,
+    )
+    .unwrap();
+    s.prefill(m).unwrap();
+    let tree = TokenTree::root_only(
+        s.root(),
+        TreeLimits::new(1, 0, m.config().vocab_size as u32),
+    )
+    .unwrap();
+    while s.finish().is_none() {
+        let t = tree_for(&s, &tree);
+        step_batch(m, &mut [(&mut s, &t)], 0).unwrap();
+    }
+    let (cache, cached_tokens) = s.into_cache();
+    // A second turn: the first turn's context plus a new user message.
+    let mut second = cached_tokens.clone();
+    second.extend(chat("And now in one word?"));
+    let mut reused = Session::new(
+        m,
+        second.clone(),
+        second.len(),
+        greedy.clone(),
+        limits(12),
+        Some((cache, &cached_tokens)),
+    )
+    .unwrap();
+    let (n, _) = reused.prefill(m).unwrap();
+    assert_eq!(n, cached_tokens.len());
+    let expected = plain(&second, &greedy, 12);
+    let mut got = Vec::new();
+    while reused.finish().is_none() {
+        got.extend(
+            {
+                let t = tree_for(&reused, &tree);
+                step_batch(m, &mut [(&mut reused, &t)], 0)
+            }
+            .unwrap()
+            .remove(0)
+            .committed,
+        );
+    }
+    assert_eq!(got, expected);
+}
+
+fn tree_for(s: &Session, template: &TokenTree) -> TokenTree {
+    TokenTree::root_only(s.root(), template.limits()).unwrap()
+}
