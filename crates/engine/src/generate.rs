@@ -51,8 +51,10 @@ pub fn generate(
     on_commit: &mut dyn FnMut(&[u32]),
 ) -> Result<Generation, EngineError> {
     let mut session = Session::new(model, prompt.to_vec(), prompt.len(), params, limits, None)?;
-    let mut stats = Stats::default();
-    stats.prefill_seconds = session.prefill(model)?.1;
+    let mut stats = Stats {
+        prefill_seconds: session.prefill(model)?.1,
+        ..Stats::default()
+    };
     let t0 = Instant::now();
     let mut out = Vec::new();
     let vocab = model.config().vocab_size as u32;
