@@ -1,1 +1,24 @@
-//! (helper fills this in)
+//! A drafter backed by a small language model: any GGUF sharing the
+//! target's vocabulary, or the target's own first layers
+//! ([`specmesh_model::Model::truncated`], a self-draft).
+//!
+//! [`ModelDrafter`] grows its tree one depth per draft forward, spending the
+//! node budget best-first by path probability. Greedy requests get the
+//! draft's top tokens; sampled requests get children drawn without
+//! replacement from the draft's processed distribution, which travels with
+//! the tree (`DraftDist`) so the verifier can accept losslessly.
+//!
+//! [`check_vocab`] refuses a draft model whose tokenizer differs from the
+//! target's.
+
+#![forbid(unsafe_code)]
+
+mod alloc;
+mod dist;
+mod drafter;
+mod error;
+mod vocab;
+
+pub use drafter::{DraftOptions, DrafterStats, ModelDrafter};
+pub use error::DraftModelError;
+pub use vocab::{VocabMismatch, check_pieces, check_vocab};

@@ -16,7 +16,14 @@ pub mod policy;
 pub mod recycle;
 pub mod suffix;
 
+pub use lookup::{LookupConfig, PromptLookup};
+pub use merged::Merged;
+pub use policy::{
+    AcceptanceStats, Budget, CostCurve, Decision, PolicyConfig, PolicyError, SpecPolicy,
+};
+pub use recycle::{RecycleConfig, TokenRecycler};
 pub use specmesh_tree::{TokenTree, TreeLimits};
+pub use suffix::{GlobalConfig, GlobalSuffixIndex, SuffixConfig, SuffixDrafter, TenantKey};
 
 /// What a drafter sees when asked for a tree.
 #[derive(Clone, Copy, Debug)]
