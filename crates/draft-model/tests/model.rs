@@ -29,29 +29,24 @@ struct Fixture {
     tokenizer: Tokenizer,
 }
 
-/// The model and its tokenizer, loaded once; `None` (after a notice) when
-/// the model file is missing.
+/// The model and its tokenizer, loaded once. A missing model fails the
+/// test: CI always has it, and a skipped test proves nothing.
 fn fixture() -> Option<&'static Fixture> {
-    static FIXTURE: OnceLock<Option<Fixture>> = OnceLock::new();
-    let f = FIXTURE.get_or_init(|| {
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    Some(FIXTURE.get_or_init(|| {
         let path = model_path();
-        if !path.exists() {
-            return None;
-        }
+        assert!(
+            path.exists(),
+            "model not found at {} (set SPECMESH_MODEL or run `cargo run --release -p specmesh-cli -- model fetch`)",
+            path.display()
+        );
         let model = Model::load(&path, &LoadOptions::default()).expect("loading the test model");
         let tokenizer = Tokenizer::from_gguf_path(&path).expect("loading the tokenizer");
-        Some(Fixture {
+        Fixture {
             model: Arc::new(model),
             tokenizer,
-        })
-    });
-    if f.is_none() {
-        eprintln!(
-            "skipping: model not found at {} (set SPECMESH_MODEL or run `cargo run --release -p specmesh-cli -- model fetch`)",
-            model_path().display()
-        );
-    }
-    f.as_ref()
+        }
+    }))
 }
 
 fn prompt(f: &Fixture) -> Vec<u32> {
