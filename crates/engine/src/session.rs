@@ -92,6 +92,11 @@ impl Session {
         })
     }
 
+    /// Allocates the KV cache for `total` tokens up front.
+    pub fn reserve_kv(&mut self, total: usize) {
+        self.seq.reserve_total(total);
+    }
+
     /// Computes the KV of every context token but the last (the first
     /// tree's root). Returns the tokens reused from the cache and seconds.
     pub fn prefill(&mut self, model: &Model) -> Result<(usize, f64), EngineError> {

@@ -123,6 +123,24 @@ impl Sequence {
         self.staged = None;
     }
 
+    /// Allocates room for `total` tokens at once (capped at the model's
+    /// context), so a server that budgets KV memory per session holds
+    /// exactly what it reserved and never reallocates mid-generation.
+    pub fn reserve_total(&mut self, total: usize) {
+        let cap = total.min(self.max_context);
+        if cap > self.capacity {
+            for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
+                layer.resize(cap * self.kv_dim, 0.0);
+            }
+            self.capacity = cap;
+        }
+    }
+
+    /// Bytes one token's K and V take across all layers.
+    pub fn bytes_per_token(&self) -> usize {
+        2 * self.k.len() * self.kv_dim * std::mem::size_of::<f32>()
+    }
+
     /// Makes room for `n` staged tokens after the committed prefix.
     pub(crate) fn reserve(&mut self, n: usize) -> Result<()> {
         if let Some(s) = &self.staged {
