@@ -2,6 +2,7 @@
 
 mod commands;
 mod local;
+mod specbench;
 
 use clap::{Parser, Subcommand};
 
@@ -27,6 +28,12 @@ enum Command {
     Tokenize(commands::tokenize::Args),
     /// Measure the model runtime: prefill, decode and the verify cost curve.
     BenchModel(commands::bench_model::Args),
+    /// Score the drafters offline: tokens per verify step (τ) per Spec-Bench
+    /// category, replayed against recorded greedy outputs.
+    Accept(commands::accept::Args),
+    /// Measure drafting and verification per call: each drafter's propose
+    /// at a long context, and verifying a 64-node tree on real logits.
+    BenchDraft(commands::bench_draft::Args),
 }
 
 fn main() {
@@ -36,6 +43,8 @@ fn main() {
         Command::Generate(a) => commands::generate::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::BenchModel(a) => commands::bench_model::run(a),
+        Command::Accept(a) => commands::accept::run(a),
+        Command::BenchDraft(a) => commands::bench_draft::run(a),
     };
     if let Err(e) = result {
         // One line a user can act on; the chain gives the cause.

@@ -15,7 +15,7 @@
 mod params;
 mod rng;
 
-pub use params::{SamplingError, SamplingParams};
+pub use params::{SORTED_HEAD, SamplingError, SamplingParams};
 pub use rng::{uniform, uniform_at};
 
 /// Picks the next token from one row of logits at output position `position`.

@@ -7,64 +7,70 @@
 //! before top-k/top-p), so a request's sampling settings do not change what
 //! is recycled.
 
-use std::cmp::Ordering;
+use specmesh_kernels::vec::exp_neg;
 
 /// The `k` largest entries of `row` as (token, log-probability), most likely
 /// first, lower token id first on ties.
 ///
-/// A partial selection (`select_nth_unstable_by`) finds them in O(vocab)
-/// and only those `k` are sorted; the log-sum-exp is one more pass. NaN
-/// logits count as probability zero: they rank below every number and are
-/// left out of the normaliser, and their own log-probability stays NaN (the
-/// verifier reports what the model produced rather than refusing it).
+/// One pass keeps the best `k` in a small sorted buffer: almost every entry
+/// fails a single comparison with the buffer's smallest, so the pass costs
+/// little more than reading the row (this runs for every accepted node of
+/// every verify step). The log-sum-exp is one more, vectorised, pass. NaN
+/// logits count as probability zero: they never enter the top and add
+/// nothing to the normaliser.
 pub(crate) fn top_logprobs(row: &[f32], k: usize) -> Vec<(u32, f32)> {
     let k = k.min(row.len());
     if k == 0 {
         return Vec::new();
     }
-    let by_rank = |a: &u32, b: &u32| rank(row, *a, *b);
-    let mut idx: Vec<u32> = (0..row.len() as u32).collect();
-    if k < idx.len() {
-        idx.select_nth_unstable_by(k - 1, by_rank);
-        idx.truncate(k);
+    // (logit, token), best first. Ids arrive in increasing order, so a
+    // later equal logit loses the tie: only a strictly larger one enters.
+    let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+    let mut floor = f32::NEG_INFINITY;
+    for (t, &v) in row.iter().enumerate() {
+        if v.is_nan() || (best.len() == k && v <= floor) {
+            continue;
+        }
+        let at = best.partition_point(|&(b, _)| b >= v);
+        best.insert(at, (v, t as u32));
+        if best.len() > k {
+            best.pop();
+        }
+        if best.len() == k {
+            floor = best[k - 1].0;
+        }
     }
-    idx.sort_unstable_by(by_rank);
-    let lse = log_sum_exp(row);
-    idx.into_iter()
-        .map(|t| (t, (row[t as usize] as f64 - lse) as f32))
+    let lse = log_sum_exp(row, best.first().map_or(f32::NEG_INFINITY, |b| b.0));
+    best.into_iter()
+        .map(|(v, t)| (t, (v as f64 - lse) as f32))
         .collect()
 }
 
-/// Higher logit first, NaN last, lower id first on ties.
-fn rank(row: &[f32], a: u32, b: u32) -> Ordering {
-    let (x, y) = (row[a as usize], row[b as usize]);
-    match (x.is_nan(), y.is_nan()) {
-        (false, false) => y.total_cmp(&x),
-        (true, false) => Ordering::Greater,
-        (false, true) => Ordering::Less,
-        (true, true) => Ordering::Equal,
-    }
-    .then(a.cmp(&b))
-}
-
-/// `ln Σ exp(row)` over the non-NaN entries, in f64 and shifted by the
-/// maximum so it cannot overflow.
-fn log_sum_exp(row: &[f32]) -> f64 {
-    let max = row
-        .iter()
-        .copied()
-        .filter(|v| !v.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max) as f64;
+/// `ln Σ exp(row)` over the non-NaN entries, shifted by their maximum `max`
+/// so it cannot overflow; the exponentials are the kernels' branch-free
+/// `exp_neg` (vectorised), summed in eight f32 lanes, then in f64.
+fn log_sum_exp(row: &[f32], max: f32) -> f64 {
     if !max.is_finite() {
-        // All -inf (or +inf present): nothing sensible to shift by.
-        return max;
+        // All -inf or NaN (or +inf present): nothing sensible to shift by.
+        return max as f64;
     }
-    let sum: f64 = row
-        .iter()
-        .filter(|v| !v.is_nan())
-        .map(|&v| (v as f64 - max).exp())
-        .sum();
-    max + sum.ln()
+    let mut acc = [0.0f32; 8];
+    let chunks = row.chunks_exact(8);
+    let mut tail = 0.0f64;
+    for &v in chunks.remainder() {
+        if !v.is_nan() {
+            tail += exp_neg(v - max) as f64;
+        }
+    }
+    for c in chunks {
+        for l in 0..8 {
+            let e = exp_neg(c[l] - max);
+            // exp_neg(NaN) is finite garbage: select zero instead.
+            acc[l] += if c[l].is_nan() { 0.0 } else { e };
+        }
+    }
+    let sum: f64 = acc.iter().map(|&a| a as f64).sum::<f64>() + tail;
+    max as f64 + sum.ln()
 }
 
 #[cfg(test)]
@@ -93,11 +99,11 @@ mod tests {
     }
 
     #[test]
-    fn nan_ranks_last_and_large_logits_do_not_overflow() {
+    fn nan_is_left_out_and_large_logits_do_not_overflow() {
         let row = [f32::NAN, 1e30, 1e30 - 1.0];
         let top = top_logprobs(&row, 3);
+        assert_eq!(top.len(), 2);
         assert_eq!(top[0].0, 1);
-        assert_eq!(top[2].0, 0);
         assert!(top[0].1.is_finite() && top[0].1 <= 0.0);
     }
 }

@@ -1,0 +1,102 @@
+//! Spec-Bench question files: one JSON object per line with `question_id`,
+//! `category` and `turns` (the first turn is the prompt we use).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct Question {
+    pub question_id: serde_json::Value,
+    pub category: String,
+    pub turns: Vec<String>,
+}
+
+impl Question {
+    pub fn id(&self) -> String {
+        match &self.question_id {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        }
+    }
+
+    pub fn prompt(&self) -> &str {
+        self.turns.first().map_or("", String::as_str)
+    }
+}
+
+/// Where the project's shared benchmark questions live when run from a
+/// checkout: `../shared/bench/spec_bench_dev.jsonl` beside the repository.
+pub fn default_path() -> PathBuf {
+    let beside_checkout =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/bench/spec_bench_dev.jsonl");
+    if beside_checkout.exists() {
+        return beside_checkout;
+    }
+    PathBuf::from("../shared/bench/spec_bench_dev.jsonl")
+}
+
+/// Which questions to run.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Selection {
+    /// A Spec-Bench JSONL file (question_id, category, turns).
+    #[arg(long, default_value_os_t = default_path())]
+    pub questions: PathBuf,
+    /// Only these categories (comma-separated; default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub categories: Vec<String>,
+    /// At most this many questions per category, in file order (0: all).
+    #[arg(long, default_value_t = 4)]
+    pub per_category: usize,
+}
+
+impl Selection {
+    pub fn load(&self) -> Result<Vec<Question>> {
+        let text = std::fs::read_to_string(&self.questions).with_context(|| {
+            format!(
+                "reading the questions file {} (pass --questions PATH)",
+                self.questions.display()
+            )
+        })?;
+        let mut all = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let q: Question = serde_json::from_str(line).with_context(|| {
+                format!(
+                    "{}:{}: not a Spec-Bench question",
+                    self.questions.display(),
+                    n + 1
+                )
+            })?;
+            if q.prompt().is_empty() {
+                bail!(
+                    "{}:{}: the question has no turns",
+                    self.questions.display(),
+                    n + 1
+                );
+            }
+            all.push(q);
+        }
+        let mut taken: std::collections::HashMap<String, usize> = Default::default();
+        let picked: Vec<Question> = all
+            .into_iter()
+            .filter(|q| self.categories.is_empty() || self.categories.contains(&q.category))
+            .filter(|q| {
+                let n = taken.entry(q.category.clone()).or_default();
+                *n += 1;
+                self.per_category == 0 || *n <= self.per_category
+            })
+            .collect();
+        if picked.is_empty() {
+            bail!(
+                "no question of {} matches the selection (categories {:?})",
+                self.questions.display(),
+                self.categories
+            );
+        }
+        Ok(picked)
+    }
+}
