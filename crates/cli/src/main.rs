@@ -1,6 +1,7 @@
 //! `specmesh`: the project's command line.
 
 mod commands;
+mod launch;
 mod local;
 mod specbench;
 
@@ -22,8 +23,11 @@ enum Command {
     /// Manage model files.
     #[command(subcommand)]
     Model(commands::fetch::ModelCommand),
-    /// Generate text.
+    /// Generate text: in this process (--local) or through a gateway.
     Generate(commands::generate::Args),
+    /// Run the whole system on loopback (verifier, drafter, gateway as
+    /// separate processes) until Ctrl-C.
+    Up(commands::up::Args),
     /// Print the token ids (and pieces) of a text.
     Tokenize(commands::tokenize::Args),
     /// Measure the model runtime: prefill, decode and the verify cost curve.
@@ -41,6 +45,7 @@ fn main() {
     let result = match cli.command {
         Command::Model(c) => commands::fetch::run(c),
         Command::Generate(a) => commands::generate::run(a),
+        Command::Up(a) => commands::up::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::BenchModel(a) => commands::bench_model::run(a),
         Command::Accept(a) => commands::accept::run(a),

@@ -15,8 +15,17 @@ use crate::local::ModelArgs;
 #[derive(clap::Args)]
 pub struct Args {
     /// Run the model in this process with plain decoding.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "gateway")]
     local: bool,
+    /// Generate through the gateway at this URL (e.g. http://127.0.0.1:50051).
+    #[arg(long, env = "SPECMESH_GATEWAY")]
+    gateway: Option<String>,
+    /// With --gateway: stream tokens as they are committed.
+    #[arg(long, requires = "gateway")]
+    stream: bool,
+    /// With --gateway: plain decoding, no speculation.
+    #[arg(long, requires = "gateway")]
+    no_speculation: bool,
     #[command(flatten)]
     model: ModelArgs,
     /// Apply the model's chat template to PROMPT as one user message.
@@ -56,10 +65,27 @@ struct Output {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if let Some(url) = &args.gateway {
+        let top_k = u32::try_from(args.top_k).context("`--top-k` is too large")?;
+        let ask = crate::commands::client::Ask {
+            prompt: args.prompt.clone(),
+            chat: args.chat,
+            max_new_tokens: u32::try_from(args.max_new_tokens)
+                .context("`--max-new-tokens` is too large")?,
+            sampling: specmesh_proto::v1::SamplingParams {
+                temperature: args.temperature,
+                top_p: args.top_p,
+                top_k,
+                seed: args.seed,
+            },
+            no_speculation: args.no_speculation,
+            stream: args.stream,
+            json: args.json,
+        };
+        return crate::commands::client::run(url, ask);
+    }
     if !args.local {
-        bail!(
-            "pass --local: generation through a gateway (--gateway URL) arrives with the gateway service"
-        );
+        bail!("pass --local (run the model in this process) or --gateway URL");
     }
     if args.max_new_tokens == 0 {
         bail!("`--max-new-tokens` must be >= 1");

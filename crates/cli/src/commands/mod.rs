@@ -1,7 +1,9 @@
 pub mod accept;
 pub mod bench_draft;
 pub mod bench_model;
+pub mod client;
 pub mod drafters;
 pub mod fetch;
 pub mod generate;
 pub mod tokenize;
+pub mod up;

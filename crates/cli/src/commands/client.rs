@@ -1,0 +1,140 @@
+//! `specmesh generate --gateway URL`: a client of the public API.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use specmesh_proto::v1;
+use specmesh_proto::v1::generation_client::GenerationClient;
+
+/// What the user asked for, as the request to send.
+pub struct Ask {
+    pub prompt: String,
+    pub chat: bool,
+    pub max_new_tokens: u32,
+    pub sampling: v1::SamplingParams,
+    pub no_speculation: bool,
+    pub stream: bool,
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Output {
+    text: String,
+    token_ids: Vec<u32>,
+    finish_reason: String,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+    verify_steps: u32,
+    drafted_tokens: u32,
+    accepted_tokens: u32,
+    mean_accepted_per_step: f64,
+    seconds: f64,
+}
+
+pub fn run(url: &str, ask: Ask) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(generate(url, ask))
+}
+
+async fn generate(url: &str, ask: Ask) -> Result<()> {
+    let mut client = GenerationClient::connect(url.to_string())
+        .await
+        .with_context(|| format!("connecting to the gateway at {url}"))?
+        .max_decoding_message_size(64 << 20);
+    let input = if ask.chat {
+        v1::generate_request::Input::Chat(v1::Chat {
+            messages: vec![v1::ChatMessage {
+                role: "user".into(),
+                content: ask.prompt.clone(),
+            }],
+        })
+    } else {
+        v1::generate_request::Input::Prompt(ask.prompt.clone())
+    };
+    let request = v1::GenerateRequest {
+        input: Some(input),
+        max_new_tokens: ask.max_new_tokens,
+        sampling: Some(ask.sampling),
+        speculation: Some(v1::SpeculationParams {
+            mode: if ask.no_speculation {
+                v1::SpeculationMode::Off as i32
+            } else {
+                v1::SpeculationMode::Unspecified as i32
+            },
+            max_draft_tokens: 0,
+        }),
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let (text, ids, finish, usage, spec) = if ask.stream {
+        let mut stream = client
+            .generate_stream(request)
+            .await
+            .map_err(status)?
+            .into_inner();
+        let (mut text, mut ids) = (String::new(), Vec::new());
+        let mut last = v1::GenerateChunk::default();
+        let stdout = std::io::stdout();
+        while let Some(chunk) = stream.message().await.map_err(status)? {
+            if !ask.json {
+                let mut out = stdout.lock();
+                out.write_all(chunk.text.as_bytes())?;
+                out.flush()?;
+            }
+            text.push_str(&chunk.text);
+            ids.extend_from_slice(&chunk.token_ids);
+            last = chunk;
+        }
+        (text, ids, last.finish_reason, last.usage, last.speculation)
+    } else {
+        let r = client.generate(request).await.map_err(status)?.into_inner();
+        if !ask.json {
+            print!("{}", r.text);
+        }
+        (r.text, r.token_ids, r.finish_reason, r.usage, r.speculation)
+    };
+    let seconds = t0.elapsed().as_secs_f64();
+    let usage = usage.unwrap_or_default();
+    let spec = spec.unwrap_or_default();
+    let finish = v1::FinishReason::try_from(finish).map_or("unspecified".to_string(), |f| {
+        f.as_str_name()
+            .trim_start_matches("FINISH_REASON_")
+            .to_lowercase()
+    });
+    if ask.json {
+        let out = Output {
+            text,
+            token_ids: ids,
+            finish_reason: finish,
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            verify_steps: spec.verify_steps,
+            drafted_tokens: spec.drafted_tokens,
+            accepted_tokens: spec.accepted_tokens,
+            mean_accepted_per_step: spec.mean_accepted_per_step,
+            seconds,
+        };
+        println!("{}", serde_json::to_string(&out)?);
+    } else {
+        println!();
+        eprintln!(
+            "[{} prompt tokens, {} generated, finish: {finish}, {} verify steps, {:.2} tokens/step, {}/{} drafted accepted, {:.1} tok/s end to end]",
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            spec.verify_steps,
+            spec.mean_accepted_per_step,
+            spec.accepted_tokens,
+            spec.drafted_tokens,
+            usage.completion_tokens as f64 / seconds.max(1e-9),
+        );
+    }
+    Ok(())
+}
+
+fn status(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("the gateway answered {:?}: {}", s.code(), s.message())
+}

@@ -1,0 +1,129 @@
+//! Starting the services as child processes on loopback and stopping them:
+//! what `specmesh up` does, and what the end-to-end tests drive.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A running service process.
+#[derive(Debug)]
+pub struct Service {
+    pub name: &'static str,
+    pub addr: String,
+    child: Child,
+}
+
+/// The binary `name` next to this executable (how cargo and releases lay
+/// them out), else from PATH.
+pub fn binary(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join(name)))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+impl Service {
+    /// Starts `name` with `args` and waits (up to `timeout`) for its
+    /// `NAME listening on ADDR` line on stdout. Its stderr (logs) is
+    /// inherited.
+    pub async fn start(name: &'static str, args: &[String], timeout: Duration) -> Result<Service> {
+        let bin = binary(name);
+        let mut child = Command::new(&bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "starting {} (is it built? `cargo build --release --workspace`)",
+                    bin.display()
+                )
+            })?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let prefix = format!("{name} listening on ");
+        let addr = tokio::time::timeout(timeout, async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(addr) = line.strip_prefix(&prefix) {
+                    return Ok(addr.trim().to_string());
+                }
+            }
+            bail!("{name} exited before it was serving")
+        })
+        .await
+        .with_context(|| format!("{name} did not start within {timeout:?}"))??;
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Service { name, addr, child })
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// SIGTERM, then SIGKILL if it has not exited within `grace`.
+    pub async fn stop(mut self, grace: Duration) -> Result<()> {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: kill(2) on our own child's pid has no memory effects.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGTERM);
+            }
+        }
+        match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(status) => {
+                let status = status?;
+                if !status.success() {
+                    eprintln!("{} exited with {status}", self.name);
+                }
+            }
+            Err(_) => {
+                eprintln!("{} did not stop within {grace:?}: killing it", self.name);
+                self.child.kill().await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Waits until the gRPC health service of `url` reports SERVING.
+pub async fn wait_healthy(url: &str, timeout: Duration) -> Result<()> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let status = async {
+            let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+                .ok()?
+                .connect()
+                .await
+                .ok()?;
+            let mut client = HealthClient::new(channel);
+            let r = client
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .ok()?;
+            Some(r.into_inner().status)
+        }
+        .await;
+        if status == Some(ServingStatus::Serving as i32) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("{url} is not healthy after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

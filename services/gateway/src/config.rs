@@ -1,0 +1,411 @@
+//! The gateway's flags (each with an environment fallback) and the validated
+//! [`Config`] the rest of the crate runs on.
+//!
+//! `Args` is what an operator types; `Config` is what the code may rely on:
+//! at least one verifier, every endpoint a plain `http://host:port` URI, no
+//! duplicates, every limit at least 1. Conversion is the only place that
+//! reads the environment (for the default model path).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tonic::transport::Uri;
+
+/// Where `specmesh model fetch` stores the default model, under the cache
+/// directory (kept in step with `crates/cli/src/commands/fetch.rs`).
+const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Upper bound of the time flags (a day): beyond it a deadline is a typo.
+const MAX_SECS: u64 = 86_400;
+
+/// `max_new_tokens` when a request leaves it at 0 (see gateway.proto).
+pub const DEFAULT_MAX_NEW_TOKENS: u32 = 256;
+
+/// Command-line flags of `specmesh-gateway`. Every flag can also be set
+/// through the environment variable named in its help.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "specmesh-gateway",
+    version,
+    about = "The specmesh gateway: the public Generation API in front of the verifiers and drafters"
+)]
+pub struct Args {
+    /// Address to serve gRPC on (in a pod: 0.0.0.0:50051). Port 0 picks a
+    /// free port; the bound address is printed on stdout as
+    /// `specmesh-gateway listening on ADDR`.
+    #[arg(
+        long,
+        env = "SPECMESH_GATEWAY_LISTEN",
+        default_value = "127.0.0.1:50051"
+    )]
+    pub listen: SocketAddr,
+
+    /// Verifier endpoints, comma-separated (`http://host:port`). In
+    /// Kubernetes: the verifier StatefulSet's pod DNS names.
+    #[arg(
+        long,
+        env = "SPECMESH_VERIFIERS",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub verifiers: Vec<String>,
+
+    /// Drafter endpoints, comma-separated. None: every request runs plain
+    /// decoding.
+    #[arg(long, env = "SPECMESH_DRAFTERS", value_delimiter = ',')]
+    pub drafters: Vec<String>,
+
+    /// The model (GGUF file or Hugging Face directory) the verifiers serve;
+    /// only its tokenizer and context length are read. Default: the model
+    /// fetched by `specmesh model fetch`.
+    #[arg(long, env = "SPECMESH_MODEL")]
+    pub model: Option<PathBuf>,
+
+    /// Lower the context the gateway admits (prompt + max_new_tokens) below
+    /// the model's own, e.g. to match the verifiers' KV budget.
+    #[arg(long, env = "SPECMESH_GATEWAY_MAX_CONTEXT")]
+    pub max_context: Option<u32>,
+
+    /// Largest `max_new_tokens` a request may ask for.
+    #[arg(long, env = "SPECMESH_GATEWAY_MAX_NEW_TOKENS", default_value_t = 4096)]
+    pub max_new_tokens: u32,
+
+    /// Largest `speculation.max_draft_tokens` a request may ask for, and the
+    /// value used when it asks for 0.
+    #[arg(long, env = "SPECMESH_GATEWAY_MAX_DRAFT_TOKENS", default_value_t = 64)]
+    pub max_draft_tokens: u32,
+
+    /// Requests served at once; more are refused with RESOURCE_EXHAUSTED
+    /// (there is no queue).
+    #[arg(
+        long,
+        env = "SPECMESH_GATEWAY_MAX_CONCURRENT_REQUESTS",
+        default_value_t = 64
+    )]
+    pub max_concurrent_requests: usize,
+
+    /// Deadline of a request that carries no `grpc-timeout` (a shorter client
+    /// deadline wins), in seconds.
+    #[arg(
+        long,
+        env = "SPECMESH_GATEWAY_REQUEST_TIMEOUT_SECS",
+        default_value_t = 300
+    )]
+    pub request_timeout_secs: u64,
+
+    /// Largest gRPC message accepted or sent, in bytes.
+    #[arg(long, env = "SPECMESH_GATEWAY_MAX_MESSAGE_BYTES", default_value_t = 4 << 20)]
+    pub max_message_bytes: usize,
+
+    /// How many times one request may move to another verifier after losing
+    /// its verifier mid-generation.
+    #[arg(long, env = "SPECMESH_GATEWAY_MAX_REPLACEMENTS", default_value_t = 2)]
+    pub max_replacements: u32,
+
+    /// Time allowed to open a connection to a verifier, in milliseconds.
+    #[arg(
+        long,
+        env = "SPECMESH_GATEWAY_CONNECT_TIMEOUT_MS",
+        default_value_t = 2000
+    )]
+    pub connect_timeout_ms: u64,
+
+    /// After SIGTERM/SIGINT, how long running requests may take to finish
+    /// before they are cut, in seconds.
+    #[arg(
+        long,
+        env = "SPECMESH_GATEWAY_SHUTDOWN_GRACE_SECS",
+        default_value_t = 30
+    )]
+    pub shutdown_grace_secs: u64,
+}
+
+/// A configuration the gateway can run with; build it with
+/// `Config::try_from(args)`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Verifier endpoints, at least one, as given (trimmed).
+    pub verifiers: Vec<String>,
+    /// Drafter endpoints, possibly none.
+    pub drafters: Vec<String>,
+    pub model: PathBuf,
+    pub max_context: Option<u32>,
+    pub max_new_tokens: u32,
+    pub max_draft_tokens: u32,
+    pub max_concurrent_requests: usize,
+    pub request_timeout: Duration,
+    pub max_message_bytes: usize,
+    pub max_replacements: u32,
+    pub connect_timeout: Duration,
+    pub shutdown_grace: Duration,
+}
+
+/// A flag value the gateway cannot run with.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("`--verifiers` must list at least one endpoint")]
+    NoVerifiers,
+    #[error("`--{flag}` entry `{endpoint}` is not a valid URI: {reason}")]
+    BadEndpoint {
+        flag: &'static str,
+        endpoint: String,
+        reason: String,
+    },
+    #[error("`--{flag}` entry `{endpoint}` must look like http://host:port")]
+    EndpointShape {
+        flag: &'static str,
+        endpoint: String,
+    },
+    #[error("`--{flag}` lists `{endpoint}` twice")]
+    DuplicateEndpoint {
+        flag: &'static str,
+        endpoint: String,
+    },
+    #[error("`--{flag}` must be at least {min}, got {got}")]
+    TooSmall {
+        flag: &'static str,
+        min: u64,
+        got: u64,
+    },
+    #[error("`--{flag}` must be at most {max}, got {got}")]
+    TooLarge {
+        flag: &'static str,
+        max: u64,
+        got: u64,
+    },
+    #[error(
+        "no --model given and the default model is not at {path}: run `specmesh model fetch` or set SPECMESH_MODEL"
+    )]
+    NoDefaultModel { path: PathBuf },
+    #[error("no --model given and neither SPECMESH_MODEL_CACHE, XDG_CACHE_HOME nor HOME is set")]
+    NoCacheDir,
+}
+
+impl TryFrom<Args> for Config {
+    type Error = ConfigError;
+
+    fn try_from(args: Args) -> Result<Self, ConfigError> {
+        let verifiers = endpoints("verifiers", &args.verifiers)?;
+        if verifiers.is_empty() {
+            return Err(ConfigError::NoVerifiers);
+        }
+        let drafters = endpoints("drafters", &args.drafters)?;
+        at_least("max-new-tokens", args.max_new_tokens.into(), 1)?;
+        at_least("max-draft-tokens", args.max_draft_tokens.into(), 1)?;
+        at_least(
+            "max-concurrent-requests",
+            args.max_concurrent_requests as u64,
+            1,
+        )?;
+        // tokio's semaphore refuses more permits than this.
+        at_most(
+            "max-concurrent-requests",
+            args.max_concurrent_requests as u64,
+            tokio::sync::Semaphore::MAX_PERMITS as u64,
+        )?;
+        at_least("request-timeout-secs", args.request_timeout_secs, 1)?;
+        at_most("request-timeout-secs", args.request_timeout_secs, MAX_SECS)?;
+        at_most("shutdown-grace-secs", args.shutdown_grace_secs, MAX_SECS)?;
+        at_most(
+            "connect-timeout-ms",
+            args.connect_timeout_ms,
+            MAX_SECS * 1000,
+        )?;
+        at_least("max-message-bytes", args.max_message_bytes as u64, 1024)?;
+        at_least("connect-timeout-ms", args.connect_timeout_ms, 1)?;
+        if let Some(ctx) = args.max_context {
+            at_least("max-context", ctx.into(), 2)?;
+        }
+        let model = match args.model {
+            Some(path) => path,
+            None => default_model_path()?,
+        };
+        Ok(Config {
+            listen: args.listen,
+            verifiers,
+            drafters,
+            model,
+            max_context: args.max_context,
+            max_new_tokens: args.max_new_tokens,
+            max_draft_tokens: args.max_draft_tokens,
+            max_concurrent_requests: args.max_concurrent_requests,
+            request_timeout: Duration::from_secs(args.request_timeout_secs),
+            max_message_bytes: args.max_message_bytes,
+            max_replacements: args.max_replacements,
+            connect_timeout: Duration::from_millis(args.connect_timeout_ms),
+            shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
+        })
+    }
+}
+
+impl Config {
+    /// A configuration with the flag defaults, for embedding and tests.
+    pub fn new(verifiers: Vec<String>, model: PathBuf) -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            verifiers,
+            drafters: Vec::new(),
+            model,
+            max_context: None,
+            max_new_tokens: 4096,
+            max_draft_tokens: 64,
+            max_concurrent_requests: 64,
+            request_timeout: Duration::from_secs(300),
+            max_message_bytes: 4 << 20,
+            max_replacements: 2,
+            connect_timeout: Duration::from_secs(2),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Parses a comma-separated endpoint list: blanks dropped (an empty env var
+/// means none), every entry `http://host[:port]`, no duplicates.
+fn endpoints(flag: &'static str, raw: &[String]) -> Result<Vec<String>, ConfigError> {
+    let mut out: Vec<String> = Vec::with_capacity(raw.len());
+    for entry in raw.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
+        let uri: Uri = entry
+            .parse()
+            .map_err(
+                |e: tonic::codegen::http::uri::InvalidUri| ConfigError::BadEndpoint {
+                    flag,
+                    endpoint: entry.to_owned(),
+                    reason: e.to_string(),
+                },
+            )?;
+        // This build carries no TLS, so https would only fail at connect time.
+        let plain_http = uri.scheme_str() == Some("http");
+        let bare = uri.path_and_query().is_none_or(|p| p.as_str() == "/");
+        if !plain_http || uri.host().is_none() || !bare {
+            return Err(ConfigError::EndpointShape {
+                flag,
+                endpoint: entry.to_owned(),
+            });
+        }
+        if out.iter().any(|e| e == entry) {
+            return Err(ConfigError::DuplicateEndpoint {
+                flag,
+                endpoint: entry.to_owned(),
+            });
+        }
+        out.push(entry.to_owned());
+    }
+    Ok(out)
+}
+
+fn at_least(flag: &'static str, got: u64, min: u64) -> Result<(), ConfigError> {
+    if got < min {
+        return Err(ConfigError::TooSmall { flag, min, got });
+    }
+    Ok(())
+}
+
+fn at_most(flag: &'static str, got: u64, max: u64) -> Result<(), ConfigError> {
+    if got > max {
+        return Err(ConfigError::TooLarge { flag, max, got });
+    }
+    Ok(())
+}
+
+/// The model `specmesh model fetch` caches, which must exist.
+fn default_model_path() -> Result<PathBuf, ConfigError> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    let dir = match (
+        var("SPECMESH_MODEL_CACHE"),
+        var("XDG_CACHE_HOME"),
+        var("HOME"),
+    ) {
+        (Some(dir), _, _) => PathBuf::from(dir),
+        (None, Some(xdg), _) => PathBuf::from(xdg).join("specmesh").join("models"),
+        (None, None, Some(home)) => PathBuf::from(home)
+            .join(".cache")
+            .join("specmesh")
+            .join("models"),
+        (None, None, None) => return Err(ConfigError::NoCacheDir),
+    };
+    let path = dir.join(DEFAULT_MODEL_FILE);
+    if !path.exists() {
+        return Err(ConfigError::NoDefaultModel { path });
+    }
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Result<Config, ConfigError> {
+        let mut argv = vec!["specmesh-gateway", "--model", "/m.gguf"];
+        argv.extend_from_slice(extra);
+        Config::try_from(Args::try_parse_from(argv).unwrap())
+    }
+
+    #[test]
+    fn endpoint_lists_are_split_trimmed_and_checked() {
+        let c = parse(&[
+            "--verifiers",
+            "http://v-0.v:50052, http://v-1.v:50052",
+            "--drafters",
+            "http://d-0.d:50061",
+        ])
+        .unwrap();
+        assert_eq!(c.verifiers, ["http://v-0.v:50052", "http://v-1.v:50052"]);
+        assert_eq!(c.drafters, ["http://d-0.d:50061"]);
+        assert_eq!(c.request_timeout, Duration::from_secs(300));
+        assert_eq!(c.max_concurrent_requests, 64);
+        assert_eq!(c.max_message_bytes, 4 << 20);
+    }
+
+    #[test]
+    fn bad_endpoints_name_the_flag_and_the_entry() {
+        let err = parse(&["--verifiers", "http://a:1,http://a:1"]).unwrap_err();
+        assert_eq!(err.to_string(), "`--verifiers` lists `http://a:1` twice");
+        let err = parse(&["--verifiers", "a:1"]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`--verifiers` entry `a:1` must look like http://host:port"
+        );
+        let err = parse(&["--verifiers", "https://a:1"]).unwrap_err();
+        assert!(err.to_string().contains("must look like http://"), "{err}");
+        let err = parse(&["--verifiers", "http://a:1", "--drafters", "http://a b"]).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("`--drafters` entry `http://a b` is not a valid URI"),
+            "{err}"
+        );
+        let err = parse(&["--verifiers", " , "]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`--verifiers` must list at least one endpoint"
+        );
+    }
+
+    #[test]
+    fn limits_must_be_positive() {
+        let err = parse(&[
+            "--verifiers",
+            "http://a:1",
+            "--max-concurrent-requests",
+            "0",
+        ])
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`--max-concurrent-requests` must be at least 1, got 0"
+        );
+        let err = parse(&["--verifiers", "http://a:1", "--request-timeout-secs", "0"]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`--request-timeout-secs` must be at least 1, got 0"
+        );
+    }
+
+    #[test]
+    fn a_missing_verifier_flag_is_a_usage_error() {
+        assert!(Args::try_parse_from(["specmesh-gateway"]).is_err());
+    }
+}

@@ -1,0 +1,426 @@
+//! The decode loop of one request: place it, run the session on the
+//! verifier, turn each committed step into output, and, if the verifier is
+//! lost mid-generation, resume the session on another one.
+//!
+//! The verifier runs draft → verify → commit itself (pulling trees from the
+//! drafter named in the `DraftPlan`); the gateway only reads `Committed`
+//! steps. The committed token list kept here is authoritative, which is
+//! what makes recovery possible: a new verifier receives the prompt plus
+//! everything committed so far (`prompt_len` unchanged, so sampling
+//! positions continue), the budget left and the next epoch. Greedy output is
+//! identical to an uninterrupted run; the caller sees no gap.
+//!
+//! Ending early (stop string, deadline, caller gone) drops the verifier's
+//! response stream, which cancels the call; the verifier then frees the
+//! session's KV cache (or keeps it under `cache_key`).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use specmesh_proto::v1::{
+    self, Committed, DraftPlan, FinishReason, RunRequest, SessionEvent, SpeculationMode, Usage,
+    session_event::Event, verifier_client::VerifierClient,
+};
+use specmesh_tokenizer::Tokenizer;
+use tonic::transport::Channel;
+use tonic::{Code, Status, Streaming};
+use tracing::{Instrument, debug, field, info_span, warn};
+
+use crate::error::GatewayError;
+use crate::output::{Delta, OutputBuilder};
+use crate::placement::{Placement, PlacementKey, Placer};
+use crate::stats::SpecStats;
+use crate::validation::ValidGenerateRequest;
+
+/// Where the loop delivers output as it is released.
+pub trait DeltaSink: Send {
+    /// Delivers a non-empty delta; fails when the caller has gone away.
+    fn send(&mut self, delta: Delta) -> impl Future<Output = Result<(), ClientGone>> + Send;
+}
+
+/// The caller stopped listening.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientGone;
+
+/// Identity and timing of one request.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    /// Names the request in logs; also the verifier session id when the
+    /// caller gave none.
+    pub request_id: String,
+    pub arrived: Instant,
+    pub deadline: Instant,
+    /// The deadline's length, for messages.
+    pub timeout: Duration,
+}
+
+/// How a generation ended, and what it cost.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Output not yet delivered: the final step's, plus what ending
+    /// released (the stop matcher's held-back tail, a flushed partial
+    /// character).
+    pub last: Delta,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    pub speculation: v1::SpeculationStats,
+    /// From arrival to the first committed token.
+    pub time_to_first_token: Option<Duration>,
+}
+
+/// Runs requests on the verifiers; shared by every request.
+#[derive(Debug)]
+pub struct DecodeLoop {
+    placer: Arc<Placer>,
+    /// One client per configured verifier, indexed like the placer's list.
+    verifiers: Vec<VerifierClient<Channel>>,
+    tokenizer: Tokenizer,
+    max_replacements: u32,
+}
+
+/// The state of one request that survives re-placement.
+#[derive(Debug)]
+struct Progress {
+    output: OutputBuilder,
+    stats: SpecStats,
+    first_token_at: Option<Instant>,
+    /// Output of the final step, kept back to travel with the summary (so
+    /// the last streamed chunk carries both).
+    tail: Delta,
+}
+
+/// Why one placement of a request ended without finishing it.
+#[derive(Debug)]
+enum AttemptError {
+    /// The verifier went away (pod loss, connection reset, refused
+    /// connection): the session can resume elsewhere.
+    Lost(String),
+    /// Moving elsewhere would not help.
+    Fatal(GatewayError),
+}
+
+impl DecodeLoop {
+    pub fn new(
+        placer: Arc<Placer>,
+        verifiers: Vec<VerifierClient<Channel>>,
+        tokenizer: Tokenizer,
+        max_replacements: u32,
+    ) -> Self {
+        debug_assert_eq!(placer.verifier_count(), verifiers.len());
+        DecodeLoop {
+            placer,
+            verifiers,
+            tokenizer,
+            max_replacements,
+        }
+    }
+
+    /// Generates the completion of `request`, delivering output to `sink`
+    /// as it is released; the summary carries the rest.
+    pub async fn run(
+        &self,
+        request: &ValidGenerateRequest,
+        ctx: &RequestContext,
+        sink: &mut impl DeltaSink,
+    ) -> Result<Summary, GatewayError> {
+        let mut progress = Progress {
+            output: OutputBuilder::new(&self.tokenizer, request.stop.clone()),
+            stats: SpecStats::default(),
+            first_token_at: None,
+            tail: Delta::default(),
+        };
+        let mut failed: Vec<usize> = Vec::new();
+        let mut epoch = 1u64;
+        loop {
+            let attempts = u32::try_from(failed.len()).unwrap_or(u32::MAX);
+            let placement = self
+                .place(request, &failed, epoch)
+                .ok_or(GatewayError::NoVerifier { attempts })?;
+            let span = info_span!(
+                "verify_stream",
+                epoch,
+                verifier = placement.verifier.endpoint(),
+                drafter = placement.drafter.as_deref().unwrap_or(""),
+                resumed_tokens = progress.output.committed().len(),
+            );
+            let outcome = self
+                .attempt(request, ctx, &placement, &mut progress, sink)
+                .instrument(span)
+                .await;
+            match outcome {
+                Ok(reason) => return Ok(progress.finish(reason, request, ctx)),
+                Err(AttemptError::Fatal(e)) => return Err(e),
+                Err(AttemptError::Lost(cause)) => {
+                    failed.push(placement.verifier.index());
+                    if remaining(request, &progress) == 0 {
+                        // Every token arrived; only the final flag was lost.
+                        return Ok(progress.finish(FinishReason::Length, request, ctx));
+                    }
+                    let replacements = epoch - 1;
+                    if replacements >= u64::from(self.max_replacements) {
+                        warn!(
+                            verifier = placement.verifier.endpoint(),
+                            epoch,
+                            %cause,
+                            "lost the verifier and no re-placement is left"
+                        );
+                        return Err(GatewayError::NoVerifier {
+                            attempts: attempts.saturating_add(1),
+                        });
+                    }
+                    warn!(
+                        verifier = placement.verifier.endpoint(),
+                        epoch,
+                        committed = progress.output.committed().len(),
+                        %cause,
+                        "lost the verifier; resuming the session on another"
+                    );
+                    epoch += 1;
+                }
+            }
+        }
+    }
+
+    /// Chooses the verifier and drafter for the next attempt.
+    fn place(
+        &self,
+        request: &ValidGenerateRequest,
+        failed: &[usize],
+        epoch: u64,
+    ) -> Option<Placement> {
+        let span = info_span!(
+            "place",
+            epoch,
+            verifier = field::Empty,
+            drafter = field::Empty
+        );
+        let _entered = span.enter();
+        let key = PlacementKey {
+            session_id: request.session_id.as_deref(),
+            tenant: &request.tenant,
+            speculate: request.speculation.mode != SpeculationMode::Off,
+        };
+        let placement = self.placer.place(key, failed, epoch)?;
+        span.record("verifier", placement.verifier.endpoint());
+        if let Some(d) = &placement.drafter {
+            span.record("drafter", d.as_str());
+        }
+        Some(placement)
+    }
+
+    /// Runs the session on one placement until it finishes or fails.
+    async fn attempt(
+        &self,
+        request: &ValidGenerateRequest,
+        ctx: &RequestContext,
+        placement: &Placement,
+        progress: &mut Progress,
+        sink: &mut impl DeltaSink,
+    ) -> Result<FinishReason, AttemptError> {
+        let mut events = self.open(request, ctx, placement, progress).await?;
+        loop {
+            let event = next_event(&mut events, ctx).await?;
+            match event {
+                Event::Started(s) => debug!(
+                    reused_tokens = s.reused_tokens,
+                    prefill_seconds = s.prefill_seconds,
+                    drafting = s.drafting,
+                    "session started"
+                ),
+                Event::Committed(step) => {
+                    if let Some(reason) = commit(request, progress, step, sink).await? {
+                        // Returning drops `events`, which cancels the call.
+                        return Ok(reason);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts `Verifier.Run` with the context so far.
+    async fn open(
+        &self,
+        request: &ValidGenerateRequest,
+        ctx: &RequestContext,
+        placement: &Placement,
+        progress: &Progress,
+    ) -> Result<Streaming<SessionEvent>, AttemptError> {
+        let mut client = self
+            .verifiers
+            .get(placement.verifier.index())
+            .cloned()
+            .ok_or_else(|| AttemptError::Lost("no client for the placed verifier".into()))?;
+        let run = run_request(request, ctx, placement, progress.output.committed());
+        let mut call = tonic::Request::new(run);
+        // The verifier gives up when the caller would.
+        if let Some(left) = ctx.deadline.checked_duration_since(Instant::now()) {
+            call.set_timeout(left);
+        }
+        specmesh_server::telemetry::inject(&mut call);
+        client
+            .run(call)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| classify(s, ctx))
+    }
+}
+
+impl Progress {
+    /// Closes the output and assembles the summary.
+    fn finish(
+        &mut self,
+        reason: FinishReason,
+        request: &ValidGenerateRequest,
+        ctx: &RequestContext,
+    ) -> Summary {
+        let mut last = std::mem::take(&mut self.tail);
+        let rest = self.output.finish();
+        last.text.push_str(&rest.text);
+        last.token_ids.extend(rest.token_ids);
+        Summary {
+            last,
+            finish_reason: reason,
+            usage: Usage {
+                prompt_tokens: request.prompt_len(),
+                completion_tokens: u32::try_from(self.output.reported()).unwrap_or(u32::MAX),
+            },
+            speculation: self.stats.to_wire(),
+            time_to_first_token: self
+                .first_token_at
+                .map(|t| t.saturating_duration_since(ctx.arrived)),
+        }
+    }
+}
+
+/// The `RunRequest` resuming after `committed` (empty on the first try).
+fn run_request(
+    request: &ValidGenerateRequest,
+    ctx: &RequestContext,
+    placement: &Placement,
+    committed: &[u32],
+) -> RunRequest {
+    let mut tokens = Vec::with_capacity(request.prompt_tokens.len() + committed.len());
+    tokens.extend_from_slice(&request.prompt_tokens);
+    tokens.extend_from_slice(committed);
+    let done = u32::try_from(committed.len()).unwrap_or(u32::MAX);
+    let s = &request.sampling;
+    RunRequest {
+        session_id: request
+            .session_id
+            .clone()
+            .unwrap_or_else(|| ctx.request_id.clone()),
+        epoch: placement.epoch,
+        tokens,
+        prompt_len: request.prompt_len(),
+        max_new_tokens: request.max_new_tokens.saturating_sub(done),
+        sampling: Some(v1::SamplingParams {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: u32::try_from(s.top_k).unwrap_or(u32::MAX),
+            seed: s.seed,
+        }),
+        draft: placement.drafter.as_ref().map(|endpoint| DraftPlan {
+            endpoint: endpoint.clone(),
+            max_draft_tokens: request.speculation.max_draft_tokens,
+            tenant: request.tenant.clone(),
+        }),
+        // Multi-turn sessions keep their KV on the verifier for the next turn.
+        cache_key: request.session_id.clone().unwrap_or_default(),
+    }
+}
+
+/// The next event, skipping kinds this gateway does not know (a newer
+/// verifier may send them). A stream that ends before a finished step means
+/// the verifier went away.
+async fn next_event(
+    events: &mut Streaming<SessionEvent>,
+    ctx: &RequestContext,
+) -> Result<Event, AttemptError> {
+    loop {
+        match events.message().await {
+            Ok(Some(SessionEvent { event: Some(e) })) => return Ok(e),
+            Ok(Some(SessionEvent { event: None })) => debug!("skipping an unknown session event"),
+            Ok(None) => {
+                return Err(AttemptError::Lost(
+                    "the verifier ended the session before it finished".into(),
+                ));
+            }
+            Err(status) => return Err(classify(status, ctx)),
+        }
+    }
+}
+
+/// Applies one verify step: records it, releases output, and says whether
+/// the generation is over.
+async fn commit(
+    request: &ValidGenerateRequest,
+    progress: &mut Progress,
+    step: Committed,
+    sink: &mut impl DeltaSink,
+) -> Result<Option<FinishReason>, AttemptError> {
+    progress.stats.record(&step);
+    let room = remaining(request, progress);
+    // A verifier committing past max_new_tokens is cut at the budget.
+    let take = step.tokens.len().min(room);
+    let tokens = &step.tokens[..take];
+    if !tokens.is_empty() && progress.first_token_at.is_none() {
+        progress.first_token_at = Some(Instant::now());
+    }
+    let delta = progress
+        .output
+        .push(tokens)
+        .map_err(|e| AttemptError::Fatal(GatewayError::Protocol(e.to_string())))?;
+    let reason = if progress.output.stopped() {
+        Some(FinishReason::Stop)
+    } else if step.eos && take == step.tokens.len() {
+        Some(FinishReason::Eos)
+    } else if step.finished || remaining(request, progress) == 0 {
+        Some(FinishReason::Length)
+    } else {
+        None
+    };
+    if reason.is_some() {
+        progress.tail = delta;
+    } else if !delta.is_empty() {
+        sink.send(delta)
+            .await
+            .map_err(|ClientGone| AttemptError::Fatal(GatewayError::Cancelled))?;
+    }
+    Ok(reason)
+}
+
+/// Tokens the request may still generate.
+fn remaining(request: &ValidGenerateRequest, progress: &Progress) -> usize {
+    (request.max_new_tokens as usize).saturating_sub(progress.output.committed().len())
+}
+
+/// Sorts a verifier status into "resume elsewhere" and "give up".
+///
+/// UNAVAILABLE is what a refused or failed connection, a dead keepalive and
+/// a draining pod produce. A connection cut mid-stream surfaces as UNKNOWN
+/// ("error reading a body from connection"), or INTERNAL/CANCELLED for some
+/// HTTP/2 resets, carrying the transport error as its source; statuses the
+/// verifier sent itself (in trailers) never carry one.
+fn classify(status: Status, ctx: &RequestContext) -> AttemptError {
+    let from_transport = std::error::Error::source(&status).is_some();
+    let code = status.code();
+    let message = status.message().to_owned();
+    match code {
+        Code::Unavailable => AttemptError::Lost(format!("unavailable: {message}")),
+        Code::Unknown | Code::Internal | Code::Cancelled if from_transport => {
+            AttemptError::Lost(format!("connection lost: {message}"))
+        }
+        Code::ResourceExhausted => AttemptError::Fatal(GatewayError::VerifierExhausted { message }),
+        Code::DeadlineExceeded => AttemptError::Fatal(GatewayError::DeadlineExceeded {
+            timeout: ctx.timeout,
+        }),
+        Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
+            AttemptError::Fatal(GatewayError::VerifierRejected { message })
+        }
+        code => AttemptError::Fatal(GatewayError::VerifierFailed { code, message }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,37 @@
+//! The specmesh gateway: the public `specmesh.v1.Generation` API in front of
+//! the verifiers (which hold the target model) and the drafters.
+//!
+//! A request flows through one module per stage:
+//!
+//! ```text
+//! service ──► validation ──► placement ──► decode ──► output ──► caller
+//! (admit,      (Valid*       (verifier,    (Verifier.Run,  (detokenize,
+//!  deadline)    types)        drafter,      recovery)       stop strings)
+//!                             epoch)
+//! ```
+//!
+//! `main.rs` only parses [`Args`] into a [`Config`] and calls [`run`].
+
+#![forbid(unsafe_code)]
+
+mod config;
+mod decode;
+mod error;
+mod model;
+mod output;
+mod placement;
+mod server;
+mod service;
+mod stats;
+mod stop;
+mod validation;
+
+#[cfg(test)]
+mod testing;
+
+pub use config::{Args, Config, ConfigError, DEFAULT_MAX_NEW_TOKENS};
+pub use error::GatewayError;
+pub use model::{ModelMeta, ModelMetaError};
+pub use server::{run, serve};
+pub use service::GenerationService;
+pub use validation::{Limits, ValidationError};

@@ -1,0 +1,106 @@
+//! Speculation statistics of one request, summed over every verifier it
+//! ran on.
+
+use specmesh_proto::v1::{Committed, SpeculationStats};
+
+/// Counts verify steps and draft tokens as `Committed` events arrive.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SpecStats {
+    verify_steps: u32,
+    drafted: u32,
+    accepted: u32,
+    /// Tokens the target committed, EOS included (see [`Self::to_wire`]).
+    committed: u64,
+}
+
+impl SpecStats {
+    /// Records one verify step.
+    pub fn record(&mut self, step: &Committed) {
+        self.verify_steps = self.verify_steps.saturating_add(1);
+        self.drafted = self.drafted.saturating_add(step.drafted);
+        // A verifier cannot accept more than it drafted; don't let a bad one
+        // report an acceptance rate above 1.
+        self.accepted = self
+            .accepted
+            .saturating_add(step.accepted.min(step.drafted));
+        let eos = u64::from(step.eos);
+        self.committed = self
+            .committed
+            .saturating_add(step.tokens.len() as u64 + eos);
+    }
+
+    /// The wire form. `mean_accepted_per_step` is committed tokens per verify
+    /// step, counting an EOS as the token its step committed, so plain
+    /// decoding reads exactly 1.0 whether it ended on EOS or on length.
+    /// Tokens a stop string cut off still count: the target committed them.
+    pub fn to_wire(self) -> SpeculationStats {
+        let mean = if self.verify_steps == 0 {
+            0.0
+        } else {
+            self.committed as f64 / f64::from(self.verify_steps)
+        };
+        SpeculationStats {
+            verify_steps: self.verify_steps,
+            drafted_tokens: self.drafted,
+            accepted_tokens: self.accepted,
+            mean_accepted_per_step: mean,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(tokens: usize, drafted: u32, accepted: u32, eos: bool) -> Committed {
+        Committed {
+            step: 0,
+            tokens: vec![7; tokens],
+            drafted,
+            accepted,
+            finished: eos,
+            eos,
+        }
+    }
+
+    #[test]
+    fn plain_decoding_is_one_token_per_step() {
+        let mut s = SpecStats::default();
+        for _ in 0..4 {
+            s.record(&step(1, 0, 0, false));
+        }
+        // The last step generated EOS, which is not in `tokens`.
+        s.record(&step(0, 0, 0, true));
+        let w = s.to_wire();
+        assert_eq!(
+            (w.verify_steps, w.drafted_tokens, w.accepted_tokens),
+            (5, 0, 0)
+        );
+        assert_eq!(w.mean_accepted_per_step, 1.0);
+    }
+
+    #[test]
+    fn speculation_counts_accepted_drafts_plus_the_bonus_token() {
+        let mut s = SpecStats::default();
+        s.record(&step(4, 8, 3, false));
+        s.record(&step(2, 8, 1, false));
+        s.record(&step(3, 5, 2, false));
+        let w = s.to_wire();
+        assert_eq!(
+            (w.verify_steps, w.drafted_tokens, w.accepted_tokens),
+            (3, 21, 6)
+        );
+        assert_eq!(w.mean_accepted_per_step, 3.0);
+    }
+
+    #[test]
+    fn no_steps_and_bad_counts_do_not_break_the_numbers() {
+        assert_eq!(SpecStats::default().to_wire().mean_accepted_per_step, 0.0);
+        let mut s = SpecStats::default();
+        s.record(&step(1, 2, 9, false));
+        s.record(&step(1, u32::MAX, u32::MAX, false));
+        let w = s.to_wire();
+        assert_eq!(w.drafted_tokens, u32::MAX);
+        assert!(w.accepted_tokens <= w.drafted_tokens);
+    }
+}

@@ -1,0 +1,377 @@
+//! `GenerateRequest` → [`ValidGenerateRequest`]: every check a request must
+//! pass before it may cost a verifier anything.
+//!
+//! Everything past this module takes only the `Valid*` types, so bounds are
+//! checked once, here. Each failure names the field (as a client writes it,
+//! `sampling.top_p`) and the bound it broke, since the message goes back to
+//! the caller verbatim as INVALID_ARGUMENT. Cheap checks run first; the
+//! tokenizer (chat template + BPE, milliseconds for long prompts) runs on the
+//! blocking pool, and the context checks need its result.
+
+use specmesh_proto::v1::{self, SpeculationMode, generate_request::Input};
+use specmesh_sampling::{SamplingError, SamplingParams};
+use specmesh_tokenizer::{ChatMessage, Tokenizer, TokenizerError};
+
+/// Most stop strings a request may carry.
+pub const MAX_STOP_STRINGS: usize = 8;
+/// Longest stop string, in bytes.
+pub const MAX_STOP_BYTES: usize = 256;
+/// Longest `session_id` / `tenant`, in bytes.
+pub const MAX_ID_BYTES: usize = 128;
+/// Chat roles the templates of the supported models understand.
+const ROLES: [&str; 3] = ["system", "user", "assistant"];
+
+/// Bounds a request is validated against.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Prompt plus `max_new_tokens` must fit in this.
+    pub max_context: u32,
+    /// Largest `max_new_tokens`.
+    pub max_new_tokens: u32,
+    /// `max_new_tokens` when a request sends 0.
+    pub default_max_new_tokens: u32,
+    /// Largest `speculation.max_draft_tokens`, and its value when 0.
+    pub max_draft_tokens: u32,
+}
+
+/// A request every later stage may trust.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidGenerateRequest {
+    /// The prompt after templating and tokenization, never empty.
+    pub prompt_tokens: Vec<u32>,
+    /// At least 1; `prompt_len() + max_new_tokens <= max_context`.
+    pub max_new_tokens: u32,
+    pub sampling: SamplingParams,
+    /// Non-empty strings, at most [`MAX_STOP_STRINGS`].
+    pub stop: Vec<String>,
+    pub speculation: ValidSpeculation,
+    /// The client's multi-turn session, if it named one.
+    pub session_id: Option<String>,
+    /// Scope of the drafter's cross-session index ("" = anonymous).
+    pub tenant: String,
+}
+
+impl ValidGenerateRequest {
+    /// Tokens in the prompt (fits u32: it is below the context length).
+    pub fn prompt_len(&self) -> u32 {
+        u32::try_from(self.prompt_tokens.len()).unwrap_or(u32::MAX)
+    }
+}
+
+/// Validated speculation settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ValidSpeculation {
+    pub mode: SpeculationMode,
+    /// Between 1 and the server's limit.
+    pub max_draft_tokens: u32,
+}
+
+/// Why a request was refused. Every variant but `Tokenizer` and
+/// `WorkerFailed` is the caller's to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ValidationError {
+    #[error("exactly one of `prompt` or `chat` must be set, got neither")]
+    MissingInput,
+    #[error("`prompt` must not be empty")]
+    EmptyPrompt,
+    #[error("`chat.messages` must hold at least one message")]
+    EmptyChat,
+    #[error(
+        "`chat.messages[{index}].role` must be \"system\", \"user\" or \"assistant\", got {role:?}"
+    )]
+    UnknownRole { index: usize, role: String },
+    #[error("`chat` needs a chat template and the model has none: send `prompt` instead")]
+    NoChatTemplate,
+    #[error("`chat` could not be rendered with the model's chat template: {0}")]
+    ChatTemplate(String),
+    #[error("the input encodes to no tokens")]
+    NoTokens,
+    #[error(
+        "the prompt is {prompt_tokens} tokens, which leaves no room to generate within the model's context of {max_context} tokens"
+    )]
+    PromptTooLong {
+        prompt_tokens: usize,
+        max_context: u32,
+    },
+    #[error(
+        "the prompt ({prompt_tokens} tokens) + `max_new_tokens` ({max_new_tokens}) must be at most the model's context of {max_context} tokens"
+    )]
+    ContextExceeded {
+        prompt_tokens: usize,
+        max_new_tokens: u32,
+        max_context: u32,
+    },
+    #[error("`max_new_tokens` must be at most {max}, got {got}")]
+    MaxNewTokens { max: u32, got: u32 },
+    #[error("`sampling.temperature` must be a finite number >= 0, got {0}")]
+    Temperature(f32),
+    #[error("`sampling.top_p` must be in (0, 1], got {0}")]
+    TopP(f32),
+    #[error("`sampling.top_k` must be at most the vocabulary size ({vocab_size}), got {got}")]
+    TopK { vocab_size: usize, got: u32 },
+    #[error("`speculation.mode` must be 0 (unspecified), 1 (off) or 2 (model-free), got {0}")]
+    SpeculationMode(i32),
+    #[error("`speculation.max_draft_tokens` must be at most {max}, got {got}")]
+    MaxDraftTokens { max: u32, got: u32 },
+    #[error("`stop` must hold at most {max} strings, got {got}")]
+    TooManyStops { max: usize, got: usize },
+    #[error("`stop[{index}]` must not be empty")]
+    EmptyStop { index: usize },
+    #[error("`stop[{index}]` must be at most {max} bytes, got {got}")]
+    StopTooLong {
+        index: usize,
+        max: usize,
+        got: usize,
+    },
+    #[error("`{field}` must be at most {max} bytes, got {got}")]
+    IdTooLong {
+        field: &'static str,
+        max: usize,
+        got: usize,
+    },
+    #[error(
+        "`{field}` may only hold A-Z, a-z, 0-9, '.', '_', ':' and '-', got {found:?} at byte {at}"
+    )]
+    IdCharacter {
+        field: &'static str,
+        found: char,
+        at: usize,
+    },
+    /// The tokenizer failed on text it should handle: a server-side fault.
+    #[error("tokenizing the input failed: {0}")]
+    Tokenizer(#[source] TokenizerError),
+    /// The blocking tokenizer task panicked or was cancelled.
+    #[error("the tokenizer worker failed: {0}")]
+    WorkerFailed(String),
+}
+
+impl ValidationError {
+    /// Whether the fault is the server's (INTERNAL), not the caller's.
+    pub fn is_internal(&self) -> bool {
+        matches!(self, Self::Tokenizer(_) | Self::WorkerFailed(_))
+    }
+}
+
+/// Validates requests against the model's tokenizer and the server limits.
+#[derive(Debug, Clone)]
+pub struct Validator {
+    tokenizer: Tokenizer,
+    limits: Limits,
+}
+
+/// The input before tokenization.
+enum Text {
+    Prompt(String),
+    Chat(Vec<ChatMessage>),
+}
+
+impl Validator {
+    pub fn new(tokenizer: Tokenizer, limits: Limits) -> Self {
+        Validator { tokenizer, limits }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Validates `request`, tokenizing its input on the blocking pool.
+    pub async fn validate(
+        &self,
+        request: v1::GenerateRequest,
+    ) -> Result<ValidGenerateRequest, ValidationError> {
+        let text = input(request.input)?;
+        let sampling = self.sampling(request.sampling.unwrap_or_default())?;
+        let speculation = self.speculation(request.speculation.unwrap_or_default())?;
+        let stop = stop_strings(request.stop)?;
+        let session_id = identifier("session_id", request.session_id)?;
+        let tenant = identifier("tenant", request.tenant)?.unwrap_or_default();
+        let requested = self.requested_new_tokens(request.max_new_tokens)?;
+
+        let tokenizer = self.tokenizer.clone();
+        let prompt_tokens = tokio::task::spawn_blocking(move || tokenize(&tokenizer, text))
+            .await
+            .map_err(|e| ValidationError::WorkerFailed(e.to_string()))??;
+        let max_new_tokens = self.fit_context(prompt_tokens.len(), requested)?;
+        Ok(ValidGenerateRequest {
+            prompt_tokens,
+            max_new_tokens,
+            sampling,
+            stop,
+            speculation,
+            session_id,
+            tenant,
+        })
+    }
+
+    fn sampling(&self, wire: v1::SamplingParams) -> Result<SamplingParams, ValidationError> {
+        let vocab_size = self.tokenizer.vocab_size();
+        if usize::try_from(wire.top_k).is_ok_and(|k| k > vocab_size) {
+            return Err(ValidationError::TopK {
+                vocab_size,
+                got: wire.top_k,
+            });
+        }
+        // proto3 cannot tell an unset top_p from 0; both mean "keep all".
+        let top_p = if wire.top_p == 0.0 { 1.0 } else { wire.top_p };
+        SamplingParams::new(wire.temperature, top_p, wire.top_k as usize, wire.seed).map_err(|e| {
+            match e {
+                SamplingError::Temperature(t) => ValidationError::Temperature(t),
+                SamplingError::TopP(p) => ValidationError::TopP(p),
+            }
+        })
+    }
+
+    fn speculation(
+        &self,
+        wire: v1::SpeculationParams,
+    ) -> Result<ValidSpeculation, ValidationError> {
+        // prost keeps unknown enum values as the raw i32.
+        let mode = SpeculationMode::try_from(wire.mode)
+            .map_err(|_| ValidationError::SpeculationMode(wire.mode))?;
+        let max = self.limits.max_draft_tokens;
+        let max_draft_tokens = match wire.max_draft_tokens {
+            0 => max,
+            n if n > max => return Err(ValidationError::MaxDraftTokens { max, got: n }),
+            n => n,
+        };
+        Ok(ValidSpeculation {
+            mode,
+            max_draft_tokens,
+        })
+    }
+
+    /// `max_new_tokens` as asked, or `None` for "the default".
+    fn requested_new_tokens(&self, asked: u32) -> Result<Option<u32>, ValidationError> {
+        let max = self.limits.max_new_tokens;
+        match asked {
+            0 => Ok(None),
+            n if n > max => Err(ValidationError::MaxNewTokens { max, got: n }),
+            n => Ok(Some(n)),
+        }
+    }
+
+    /// Checks the prompt against the context. An explicit `max_new_tokens`
+    /// must fit as asked; the default shrinks to the room left, so a long
+    /// prompt without a budget still gets an answer.
+    fn fit_context(
+        &self,
+        prompt_tokens: usize,
+        requested: Option<u32>,
+    ) -> Result<u32, ValidationError> {
+        let max_context = self.limits.max_context;
+        let room = usize::try_from(max_context)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(prompt_tokens);
+        if room == 0 {
+            return Err(ValidationError::PromptTooLong {
+                prompt_tokens,
+                max_context,
+            });
+        }
+        let room = u32::try_from(room).unwrap_or(u32::MAX);
+        match requested {
+            Some(n) if n > room => Err(ValidationError::ContextExceeded {
+                prompt_tokens,
+                max_new_tokens: n,
+                max_context,
+            }),
+            Some(n) => Ok(n),
+            None => Ok(self
+                .limits
+                .default_max_new_tokens
+                .min(self.limits.max_new_tokens)
+                .min(room)),
+        }
+    }
+}
+
+fn input(input: Option<Input>) -> Result<Text, ValidationError> {
+    // A oneof cannot hold both: protobuf keeps the last one on the wire.
+    match input {
+        None => Err(ValidationError::MissingInput),
+        Some(Input::Prompt(p)) if p.is_empty() => Err(ValidationError::EmptyPrompt),
+        Some(Input::Prompt(p)) => Ok(Text::Prompt(p)),
+        Some(Input::Chat(chat)) if chat.messages.is_empty() => Err(ValidationError::EmptyChat),
+        Some(Input::Chat(chat)) => {
+            let mut messages = Vec::with_capacity(chat.messages.len());
+            for (index, m) in chat.messages.into_iter().enumerate() {
+                if !ROLES.contains(&m.role.as_str()) {
+                    return Err(ValidationError::UnknownRole {
+                        index,
+                        role: m.role,
+                    });
+                }
+                messages.push(ChatMessage::new(m.role, m.content));
+            }
+            Ok(Text::Chat(messages))
+        }
+    }
+}
+
+fn stop_strings(stop: Vec<String>) -> Result<Vec<String>, ValidationError> {
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(ValidationError::TooManyStops {
+            max: MAX_STOP_STRINGS,
+            got: stop.len(),
+        });
+    }
+    for (index, s) in stop.iter().enumerate() {
+        if s.is_empty() {
+            return Err(ValidationError::EmptyStop { index });
+        }
+        if s.len() > MAX_STOP_BYTES {
+            return Err(ValidationError::StopTooLong {
+                index,
+                max: MAX_STOP_BYTES,
+                got: s.len(),
+            });
+        }
+    }
+    Ok(stop)
+}
+
+/// Checks a `session_id` / `tenant`: they travel in logs, traces and cache
+/// keys, so they are short and plain. Empty means unset.
+fn identifier(field: &'static str, value: String) -> Result<Option<String>, ValidationError> {
+    if value.len() > MAX_ID_BYTES {
+        return Err(ValidationError::IdTooLong {
+            field,
+            max: MAX_ID_BYTES,
+            got: value.len(),
+        });
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-');
+    if let Some((at, found)) = value.char_indices().find(|&(_, c)| !allowed(c)) {
+        return Err(ValidationError::IdCharacter { field, found, at });
+    }
+    Ok((!value.is_empty()).then_some(value))
+}
+
+/// Renders and tokenizes the input as `specmesh generate` does: the chat
+/// template with the assistant turn opened, then the model's BOS rule.
+fn tokenize(tokenizer: &Tokenizer, text: Text) -> Result<Vec<u32>, ValidationError> {
+    let rendered = match text {
+        Text::Prompt(p) => p,
+        Text::Chat(messages) => {
+            if !tokenizer.has_chat_template() {
+                return Err(ValidationError::NoChatTemplate);
+            }
+            tokenizer
+                .apply_chat_template(&messages, true)
+                .map_err(|e| match e {
+                    TokenizerError::Template(m) => ValidationError::ChatTemplate(m),
+                    other => ValidationError::Tokenizer(other),
+                })?
+        }
+    };
+    let ids = tokenizer
+        .encode_for_model(&rendered)
+        .map_err(ValidationError::Tokenizer)?;
+    if ids.is_empty() {
+        return Err(ValidationError::NoTokens);
+    }
+    Ok(ids)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,270 @@
+//! Every way a request can be refused, and the message the caller reads.
+
+use specmesh_proto::v1::{
+    Chat, ChatMessage as WireMessage, GenerateRequest, SamplingParams as WireSampling,
+    SpeculationParams,
+};
+
+use super::*;
+use crate::testing;
+
+fn validator() -> Validator {
+    Validator::new(
+        testing::tokenizer(),
+        Limits {
+            max_context: 64,
+            max_new_tokens: 48,
+            default_max_new_tokens: 256,
+            max_draft_tokens: 16,
+        },
+    )
+}
+
+fn prompt(text: &str) -> GenerateRequest {
+    GenerateRequest {
+        input: Some(Input::Prompt(text.to_owned())),
+        ..Default::default()
+    }
+}
+
+fn chat(messages: &[(&str, &str)]) -> GenerateRequest {
+    GenerateRequest {
+        input: Some(Input::Chat(Chat {
+            messages: messages
+                .iter()
+                .map(|(role, content)| WireMessage {
+                    role: (*role).to_owned(),
+                    content: (*content).to_owned(),
+                })
+                .collect(),
+        })),
+        ..Default::default()
+    }
+}
+
+fn sampling(temperature: f32, top_p: f32, top_k: u32) -> Option<WireSampling> {
+    Some(WireSampling {
+        temperature,
+        top_p,
+        top_k,
+        seed: 7,
+    })
+}
+
+async fn refused(request: GenerateRequest) -> String {
+    let err = validator().validate(request).await.unwrap_err();
+    assert!(!err.is_internal(), "{err}");
+    err.to_string()
+}
+
+#[tokio::test]
+async fn a_plain_prompt_gets_the_defaults() {
+    let valid = validator().validate(prompt("abc")).await.unwrap();
+    assert_eq!(valid.prompt_tokens, testing::ids("abc"));
+    assert_eq!(valid.prompt_len(), 3);
+    // The default 256 is capped by the server limit (48), which fits.
+    assert_eq!(valid.max_new_tokens, 48);
+    assert_eq!(valid.sampling, SamplingParams::greedy());
+    assert_eq!(
+        valid.speculation,
+        ValidSpeculation {
+            mode: SpeculationMode::Unspecified,
+            max_draft_tokens: 16
+        }
+    );
+    assert_eq!((valid.session_id, valid.tenant.as_str()), (None, ""));
+}
+
+#[tokio::test]
+async fn the_default_budget_shrinks_to_the_room_left() {
+    let long = "x".repeat(60);
+    let valid = validator().validate(prompt(&long)).await.unwrap();
+    assert_eq!(valid.max_new_tokens, 4);
+}
+
+#[tokio::test]
+async fn chat_is_rendered_with_the_template() {
+    let valid = validator()
+        .validate(chat(&[("system", "be brief"), ("user", "hi")]))
+        .await
+        .unwrap();
+    let text = testing::tokenizer()
+        .decode(&valid.prompt_tokens, false)
+        .unwrap();
+    assert_eq!(
+        text,
+        "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
+
+#[tokio::test]
+async fn the_input_must_be_present_and_non_empty() {
+    assert_eq!(
+        refused(GenerateRequest::default()).await,
+        "exactly one of `prompt` or `chat` must be set, got neither"
+    );
+    assert_eq!(refused(prompt("")).await, "`prompt` must not be empty");
+    assert_eq!(
+        refused(chat(&[])).await,
+        "`chat.messages` must hold at least one message"
+    );
+    assert_eq!(
+        refused(chat(&[("user", "hi"), ("tool", "{}")])).await,
+        "`chat.messages[1].role` must be \"system\", \"user\" or \"assistant\", got \"tool\""
+    );
+}
+
+#[tokio::test]
+async fn the_context_bounds_report_both_numbers() {
+    let mut r = prompt(&"x".repeat(40));
+    r.max_new_tokens = 30;
+    assert_eq!(
+        refused(r).await,
+        "the prompt (40 tokens) + `max_new_tokens` (30) must be at most the model's context of 64 tokens"
+    );
+    assert_eq!(
+        refused(prompt(&"x".repeat(64))).await,
+        "the prompt is 64 tokens, which leaves no room to generate within the model's context of 64 tokens"
+    );
+    let mut r = prompt("abc");
+    r.max_new_tokens = 49;
+    assert_eq!(
+        refused(r).await,
+        "`max_new_tokens` must be at most 48, got 49"
+    );
+    let mut r = prompt(&"x".repeat(40));
+    r.max_new_tokens = 24;
+    assert_eq!(validator().validate(r).await.unwrap().max_new_tokens, 24);
+}
+
+#[tokio::test]
+async fn sampling_bounds_name_the_field() {
+    let with = |s| GenerateRequest {
+        sampling: s,
+        ..prompt("abc")
+    };
+    assert_eq!(
+        refused(with(sampling(-0.5, 1.0, 0))).await,
+        "`sampling.temperature` must be a finite number >= 0, got -0.5"
+    );
+    assert_eq!(
+        refused(with(sampling(f32::NAN, 1.0, 0))).await,
+        "`sampling.temperature` must be a finite number >= 0, got NaN"
+    );
+    assert_eq!(
+        refused(with(sampling(f32::INFINITY, 1.0, 0))).await,
+        "`sampling.temperature` must be a finite number >= 0, got inf"
+    );
+    assert_eq!(
+        refused(with(sampling(1.0, 1.5, 0))).await,
+        "`sampling.top_p` must be in (0, 1], got 1.5"
+    );
+    assert_eq!(
+        refused(with(sampling(1.0, -0.1, 0))).await,
+        "`sampling.top_p` must be in (0, 1], got -0.1"
+    );
+    assert_eq!(
+        refused(with(sampling(1.0, f32::NAN, 0))).await,
+        "`sampling.top_p` must be in (0, 1], got NaN"
+    );
+    assert_eq!(
+        refused(with(sampling(1.0, 1.0, 260))).await,
+        "`sampling.top_k` must be at most the vocabulary size (259), got 260"
+    );
+    // top_p 0 is proto3's "unset": keep everything.
+    let valid = validator()
+        .validate(with(sampling(0.7, 0.0, 259)))
+        .await
+        .unwrap();
+    assert_eq!(
+        valid.sampling,
+        SamplingParams::new(0.7, 1.0, 259, 7).unwrap()
+    );
+}
+
+#[tokio::test]
+async fn speculation_settings_are_checked() {
+    let with = |mode, max_draft_tokens| GenerateRequest {
+        speculation: Some(SpeculationParams {
+            mode,
+            max_draft_tokens,
+        }),
+        ..prompt("abc")
+    };
+    assert_eq!(
+        refused(with(7, 0)).await,
+        "`speculation.mode` must be 0 (unspecified), 1 (off) or 2 (model-free), got 7"
+    );
+    assert_eq!(
+        refused(with(-1, 0)).await,
+        "`speculation.mode` must be 0 (unspecified), 1 (off) or 2 (model-free), got -1"
+    );
+    assert_eq!(
+        refused(with(2, 17)).await,
+        "`speculation.max_draft_tokens` must be at most 16, got 17"
+    );
+    let valid = validator().validate(with(1, 5)).await.unwrap();
+    assert_eq!(
+        valid.speculation,
+        ValidSpeculation {
+            mode: SpeculationMode::Off,
+            max_draft_tokens: 5
+        }
+    );
+}
+
+#[tokio::test]
+async fn stop_strings_are_bounded() {
+    let with = |stop: Vec<String>| GenerateRequest {
+        stop,
+        ..prompt("abc")
+    };
+    assert_eq!(
+        refused(with(vec!["a".into(); 9])).await,
+        "`stop` must hold at most 8 strings, got 9"
+    );
+    assert_eq!(
+        refused(with(vec!["a".into(), String::new()])).await,
+        "`stop[1]` must not be empty"
+    );
+    assert_eq!(
+        refused(with(vec!["é".repeat(129)])).await,
+        "`stop[0]` must be at most 256 bytes, got 258"
+    );
+    let valid = validator()
+        .validate(with(vec!["x".repeat(256); 8]))
+        .await
+        .unwrap();
+    assert_eq!(valid.stop.len(), 8);
+}
+
+#[tokio::test]
+async fn session_and_tenant_ids_are_short_and_plain() {
+    let with = |session_id: &str, tenant: &str| GenerateRequest {
+        session_id: session_id.to_owned(),
+        tenant: tenant.to_owned(),
+        ..prompt("abc")
+    };
+    assert_eq!(
+        refused(with(&"s".repeat(129), "")).await,
+        "`session_id` must be at most 128 bytes, got 129"
+    );
+    assert_eq!(
+        refused(with("", &"t".repeat(200))).await,
+        "`tenant` must be at most 128 bytes, got 200"
+    );
+    assert_eq!(
+        refused(with("abc/def", "")).await,
+        "`session_id` may only hold A-Z, a-z, 0-9, '.', '_', ':' and '-', got '/' at byte 3"
+    );
+    assert_eq!(
+        refused(with("", "acmé")).await,
+        "`tenant` may only hold A-Z, a-z, 0-9, '.', '_', ':' and '-', got 'é' at byte 3"
+    );
+    let valid = validator()
+        .validate(with(&"s".repeat(128), "team-a.prod:1_x"))
+        .await
+        .unwrap();
+    assert_eq!(valid.session_id.as_deref(), Some("s".repeat(128).as_str()));
+    assert_eq!(valid.tenant, "team-a.prod:1_x");
+}
