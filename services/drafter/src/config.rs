@@ -1,0 +1,265 @@
+//! Flags, with `SPECMESH_DRAFTER_*` environment fallbacks, and the validated
+//! [`Config`] the rest of the crate runs on.
+//!
+//! Every flag has an environment variable so the same image runs under a
+//! launcher (flags) and under Kubernetes (env from a ConfigMap). The names
+//! carry the service (`SPECMESH_DRAFTER_…`) because a drafter and a verifier
+//! often share one pod spec or one `.env` file in development, and a shared
+//! `SPECMESH_MAX_SESSIONS` would silently size both.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Environment variable names, one per flag.
+pub mod env {
+    pub const LISTEN: &str = "SPECMESH_DRAFTER_LISTEN";
+    pub const GLOBAL_INDEX_MIB: &str = "SPECMESH_DRAFTER_GLOBAL_INDEX_MIB";
+    pub const MAX_SESSIONS: &str = "SPECMESH_DRAFTER_MAX_SESSIONS";
+    pub const MAX_CONTEXT_TOKENS: &str = "SPECMESH_DRAFTER_MAX_CONTEXT_TOKENS";
+    pub const SHUTDOWN_GRACE_SECS: &str = "SPECMESH_DRAFTER_SHUTDOWN_GRACE_SECS";
+    pub const START_TIMEOUT_SECS: &str = "SPECMESH_DRAFTER_START_TIMEOUT_SECS";
+    pub const DRAFT_MODEL: &str = "SPECMESH_DRAFTER_DRAFT_MODEL";
+    pub const SELF_DRAFT_LAYERS: &str = "SPECMESH_DRAFTER_SELF_DRAFT_LAYERS";
+    pub const TARGET_TOKENIZER: &str = "SPECMESH_DRAFTER_TARGET_TOKENIZER";
+    pub const DRAFT_MODEL_THREADS: &str = "SPECMESH_DRAFTER_DRAFT_MODEL_THREADS";
+    pub const DRAFT_MODEL_SESSIONS: &str = "SPECMESH_DRAFTER_DRAFT_MODEL_SESSIONS";
+}
+
+/// The default gRPC address: loopback, the drafter's well-known port.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50061";
+
+/// Largest global index accepted, in MiB (1 TiB: anything above is a typo).
+const MAX_GLOBAL_INDEX_MIB: usize = 1 << 20;
+
+/// Command-line flags of `specmesh-drafter`.
+#[derive(clap::Parser, Debug, Clone)]
+#[command(
+    name = "specmesh-drafter",
+    version,
+    about = "The specmesh drafter: proposes token trees for the verifiers' sessions"
+)]
+pub struct Args {
+    /// Address to serve gRPC on (port 0: any free port, printed at startup).
+    #[arg(long, env = env::LISTEN, default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+    /// Memory for the cross-session suffix index over all tenants (MiB; 0
+    /// turns cross-session drafting off).
+    #[arg(long, env = env::GLOBAL_INDEX_MIB, default_value_t = 256)]
+    pub global_index_mib: usize,
+    /// Draft streams open at once, at most (over it: RESOURCE_EXHAUSTED).
+    #[arg(long, env = env::MAX_SESSIONS, default_value_t = 1024)]
+    pub max_sessions: usize,
+    /// Context tokens (prompt + output) of one session, at most; a longer
+    /// session is refused with INVALID_ARGUMENT. Bounds per-session memory.
+    #[arg(long, env = env::MAX_CONTEXT_TOKENS, default_value_t = 262_144)]
+    pub max_context_tokens: usize,
+    /// Seconds open draft streams get to end on SIGTERM/SIGINT before they
+    /// are closed with UNAVAILABLE.
+    #[arg(long, env = env::SHUTDOWN_GRACE_SECS, default_value_t = 20)]
+    pub shutdown_grace_secs: u64,
+    /// Seconds a new draft stream may take to send its `start`; a silent
+    /// stream would hold a session slot (DEADLINE_EXCEEDED).
+    #[arg(long, env = env::START_TIMEOUT_SECS, default_value_t = 30)]
+    pub start_timeout_secs: u64,
+    /// A GGUF draft model sharing the target's vocabulary; unset: model-free
+    /// drafting only.
+    #[arg(long, env = env::DRAFT_MODEL)]
+    pub draft_model: Option<PathBuf>,
+    /// Self-draft: `--draft-model` is the target itself and only its first
+    /// N layers draft.
+    #[arg(long, env = env::SELF_DRAFT_LAYERS)]
+    pub self_draft_layers: Option<usize>,
+    /// The target's tokenizer (a GGUF file or a Hugging Face model
+    /// directory): the draft model is refused unless its vocabulary matches.
+    #[arg(long, env = env::TARGET_TOKENIZER)]
+    pub target_tokenizer: Option<PathBuf>,
+    /// Compute threads of the draft model (default: all cores).
+    #[arg(long, env = env::DRAFT_MODEL_THREADS)]
+    pub draft_model_threads: Option<usize>,
+    /// Sessions that draft with the model at once, at most; later ones
+    /// draft model-free (each holds a KV cache of its context).
+    #[arg(long, env = env::DRAFT_MODEL_SESSIONS, default_value_t = 64)]
+    pub draft_model_sessions: usize,
+}
+
+/// A flag combination that cannot run; messages name the flag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("`--{flag}` must be >= {min}, got {value}")]
+    TooSmall {
+        flag: &'static str,
+        min: usize,
+        value: usize,
+    },
+    #[error("`--{flag}` must be <= {max}, got {value}")]
+    TooLarge {
+        flag: &'static str,
+        max: usize,
+        value: usize,
+    },
+    #[error("`--{flag}` needs `--draft-model`")]
+    NeedsDraftModel { flag: &'static str },
+}
+
+/// The validated configuration of one drafter process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Budget of the global suffix index, in bytes (0: no index).
+    pub global_index_bytes: usize,
+    pub max_sessions: usize,
+    pub max_context_tokens: usize,
+    pub shutdown_grace: Duration,
+    pub start_timeout: Duration,
+    /// The optional model drafter.
+    pub draft_model: Option<DraftModelConfig>,
+}
+
+/// Where the model drafter comes from and how much it may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraftModelConfig {
+    /// The GGUF file.
+    pub path: PathBuf,
+    /// Draft with only the first this many layers (self-draft).
+    pub self_draft_layers: Option<usize>,
+    /// The target's tokenizer, to refuse a draft model of another vocabulary.
+    pub target_tokenizer: Option<PathBuf>,
+    pub threads: Option<usize>,
+    /// Sessions drafting with the model at once.
+    pub max_sessions: usize,
+}
+
+impl Default for Config {
+    /// The flags' defaults.
+    fn default() -> Config {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50061)),
+            global_index_bytes: 256 << 20,
+            max_sessions: 1024,
+            max_context_tokens: 262_144,
+            shutdown_grace: Duration::from_secs(20),
+            start_timeout: Duration::from_secs(30),
+            draft_model: None,
+        }
+    }
+}
+
+fn at_least(flag: &'static str, value: usize, min: usize) -> Result<usize, ConfigError> {
+    if value < min {
+        return Err(ConfigError::TooSmall { flag, min, value });
+    }
+    Ok(value)
+}
+
+impl TryFrom<Args> for Config {
+    type Error = ConfigError;
+
+    fn try_from(a: Args) -> Result<Config, ConfigError> {
+        if a.global_index_mib > MAX_GLOBAL_INDEX_MIB {
+            return Err(ConfigError::TooLarge {
+                flag: "global-index-mib",
+                max: MAX_GLOBAL_INDEX_MIB,
+                value: a.global_index_mib,
+            });
+        }
+        if a.start_timeout_secs == 0 {
+            return Err(ConfigError::TooSmall {
+                flag: "start-timeout-secs",
+                min: 1,
+                value: 0,
+            });
+        }
+        let draft_model = match a.draft_model {
+            Some(path) => Some(DraftModelConfig {
+                path,
+                self_draft_layers: a
+                    .self_draft_layers
+                    .map(|n| at_least("self-draft-layers", n, 1))
+                    .transpose()?,
+                target_tokenizer: a.target_tokenizer,
+                threads: a
+                    .draft_model_threads
+                    .map(|n| at_least("draft-model-threads", n, 1))
+                    .transpose()?,
+                max_sessions: at_least("draft-model-sessions", a.draft_model_sessions, 1)?,
+            }),
+            None => {
+                let orphan = [
+                    ("self-draft-layers", a.self_draft_layers.is_some()),
+                    ("target-tokenizer", a.target_tokenizer.is_some()),
+                    ("draft-model-threads", a.draft_model_threads.is_some()),
+                ];
+                if let Some((flag, _)) = orphan.iter().find(|(_, set)| *set) {
+                    return Err(ConfigError::NeedsDraftModel { flag });
+                }
+                None
+            }
+        };
+        Ok(Config {
+            listen: a.listen,
+            global_index_bytes: a.global_index_mib << 20,
+            max_sessions: at_least("max-sessions", a.max_sessions, 1)?,
+            max_context_tokens: at_least("max-context-tokens", a.max_context_tokens, 1)?,
+            shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
+            start_timeout: Duration::from_secs(a.start_timeout_secs),
+            draft_model,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+        let argv = std::iter::once("specmesh-drafter").chain(args.iter().copied());
+        Config::try_from(Args::try_parse_from(argv).unwrap())
+    }
+
+    #[test]
+    fn the_flag_defaults_are_the_config_defaults() {
+        assert_eq!(parse(&[]).unwrap(), Config::default());
+        assert_eq!(Config::default().listen.to_string(), DEFAULT_LISTEN);
+    }
+
+    #[test]
+    fn port_zero_and_model_flags_parse() {
+        let c = parse(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--draft-model",
+            "/m.gguf",
+            "--self-draft-layers",
+            "4",
+            "--global-index-mib",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(c.listen.port(), 0);
+        assert_eq!(c.global_index_bytes, 0);
+        let m = c.draft_model.unwrap();
+        assert_eq!(m.self_draft_layers, Some(4));
+        assert_eq!(m.max_sessions, 64);
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        let e = parse(&["--max-sessions", "0"]).unwrap_err().to_string();
+        assert_eq!(e, "`--max-sessions` must be >= 1, got 0");
+        let e = parse(&["--self-draft-layers", "2"])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "`--self-draft-layers` needs `--draft-model`");
+        let e = parse(&["--draft-model", "m", "--self-draft-layers", "0"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`--self-draft-layers` must be >= 1"), "{e}");
+        let e = parse(&["--global-index-mib", "99999999"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`--global-index-mib` must be <= 1048576"), "{e}");
+    }
+}

@@ -1,0 +1,98 @@
+//! Why a draft stream ended, classified once and rendered once as a
+//! [`tonic::Status`].
+//!
+//! Messages of client mistakes name the message and field
+//! (`start.tokens[3]`, `outcome.path[1]`) and the bound, because the
+//! verifier's developers read them. Internal failures get a generic public
+//! message; their detail goes to the session's span, never to the client.
+
+use std::time::Duration;
+
+use tonic::{Code, Status};
+
+/// A failed draft stream.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// A field of `start` or `outcome` breaks the protocol.
+    #[error("`{field}` {reason}")]
+    Invalid { field: String, reason: String },
+    /// The stream's first message was not a `start`.
+    #[error("the first message must be `start`, got {got}")]
+    ExpectedStart { got: &'static str },
+    /// A second `start` arrived on a running stream.
+    #[error("`start` may only be the first message of a stream")]
+    RepeatedStart,
+    /// The verifier opened a stream and sent nothing.
+    #[error("no `start` within {0:?} of opening the stream")]
+    StartTimeout(Duration),
+    /// The verifier closed the stream before it started.
+    #[error("the stream ended before `start`")]
+    NoStart,
+    /// Every session slot is taken.
+    #[error("the drafter serves at most {max} sessions at once; retry on another drafter")]
+    Busy { max: usize },
+    /// The process is stopping and the grace period is over.
+    #[error("the drafter is shutting down")]
+    ShuttingDown,
+    /// A bug or a dead worker; the detail is logged, not sent.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl SessionError {
+    /// A protocol violation in `field`.
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> SessionError {
+        SessionError::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The gRPC code this error maps to.
+    pub fn code(&self) -> Code {
+        match self {
+            SessionError::Invalid { .. }
+            | SessionError::ExpectedStart { .. }
+            | SessionError::RepeatedStart
+            | SessionError::NoStart => Code::InvalidArgument,
+            SessionError::StartTimeout(_) => Code::DeadlineExceeded,
+            SessionError::Busy { .. } => Code::ResourceExhausted,
+            SessionError::ShuttingDown => Code::Unavailable,
+            SessionError::Internal(_) => Code::Internal,
+        }
+    }
+}
+
+impl From<SessionError> for Status {
+    fn from(e: SessionError) -> Status {
+        match e {
+            SessionError::Internal(detail) => {
+                tracing::error!(%detail, "draft stream failed");
+                Status::internal("internal drafter error")
+            }
+            e => Status::new(e.code(), e.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_errors_carry_their_field_and_internal_ones_do_not_leak() {
+        let s = Status::from(SessionError::invalid(
+            "start.vocab_size",
+            "must be >= 1, got 0",
+        ));
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert_eq!(s.message(), "`start.vocab_size` must be >= 1, got 0");
+        let s = Status::from(SessionError::Internal("worker panicked at x.rs:3".into()));
+        assert_eq!(s.code(), Code::Internal);
+        assert!(!s.message().contains("x.rs"));
+        assert_eq!(
+            Status::from(SessionError::Busy { max: 2 }).code(),
+            Code::ResourceExhausted
+        );
+    }
+}

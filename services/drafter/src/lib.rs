@@ -1,0 +1,34 @@
+//! The specmesh drafter service: proposes token trees for the sessions of
+//! the verifiers that call it.
+//!
+//! A verifier opens one `Drafter.Draft` stream per session, sends the
+//! session's context (`DraftStart`) and then the outcome of every verify
+//! step; the drafter answers each with the tree for the next step. Drafting
+//! is model-free by default (prompt lookup, suffix decoding over the
+//! session and its tenant's earlier outputs, token recycling), so drafter
+//! pods need no accelerator and scale apart from verifiers; a small draft
+//! model can be added with `--draft-model`.
+//!
+//! Embedding: [`run`] serves until a shutdown future resolves; [`bind`]
+//! then [`Listening::serve`] does the same but exposes the bound address
+//! and the [`Stats`] first.
+
+#![forbid(unsafe_code)]
+
+mod config;
+mod drafters;
+mod error;
+mod model;
+mod server;
+mod service;
+mod session;
+mod stats;
+mod stream;
+mod validate;
+
+pub use config::{Args, Config, ConfigError, DEFAULT_LISTEN, DraftModelConfig, env};
+pub use error::SessionError;
+pub use model::DraftModelError;
+pub use server::{CLOSE_TIMEOUT, Listening, bind, run};
+pub use stats::{Stats, StatsSnapshot};
+pub use validate::{ANONYMOUS_TENANT, MAX_DEPTH, MAX_DRAFT_TOKENS};

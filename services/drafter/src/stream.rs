@@ -1,0 +1,296 @@
+//! One draft stream, from `start` to its end, in its own task (inside the
+//! `draft_session` span the service opened).
+//!
+//! The task reads the verifier's messages in order, drives the
+//! [`DraftSession`] and sends one tree per applied message. Model-free
+//! drafting takes microseconds and runs inline; a propose that may run the
+//! draft model moves the session onto a blocking thread and back.
+//!
+//! How a stream ends decides what happens to the session's output:
+//!
+//! | end                                           | status sent       | output indexed |
+//! |-----------------------------------------------|-------------------|----------------|
+//! | verifier closes its side                      | OK                | yes            |
+//! | verifier cancels / the connection drops       | (none: gone)      | yes            |
+//! | bad message                                   | INVALID_ARGUMENT  | no             |
+//! | no `start` in time                            | DEADLINE_EXCEEDED | —              |
+//! | shutdown grace period over                    | UNAVAILABLE       | no             |
+//!
+//! A session the verifier ended, normally or not, produced real text worth
+//! drafting from later; one ended for a protocol violation may hold a
+//! corrupted context, and one cut by shutdown dies with the process's index.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use specmesh_proto::v1;
+use specmesh_proto::v1::draft_request::Kind;
+use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
+use tonic::{Code, Status, Streaming};
+
+use crate::error::SessionError;
+use crate::service::Shared;
+use crate::session::{Applied, DraftSession, Drafted, Plan};
+use crate::validate::SessionSpec;
+
+/// How long a failed stream waits to hand its error status to a verifier
+/// that is not reading, before giving up.
+const ERROR_SEND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How the verifier ended a stream that went well.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// It closed its side of the stream.
+    Closed,
+    /// It cancelled the call or its connection failed.
+    Cancelled(Code),
+    /// It stopped reading: the response stream was dropped.
+    Gone,
+}
+
+/// Per-session tallies for the end-of-session log line.
+#[derive(Debug, Default)]
+struct Tally {
+    trees: u64,
+    drafted: u64,
+    accepted: u64,
+    ignored: u64,
+}
+
+/// A stream's task; see the module docs.
+#[derive(Debug)]
+pub struct DraftStream {
+    shared: Arc<Shared>,
+    inbound: Streaming<v1::DraftRequest>,
+    tx: mpsc::Sender<Result<v1::TokenTree, Status>>,
+    stop: watch::Receiver<bool>,
+    tally: Tally,
+    slot: OwnedSemaphorePermit,
+}
+
+impl DraftStream {
+    pub fn new(
+        shared: Arc<Shared>,
+        inbound: Streaming<v1::DraftRequest>,
+        tx: mpsc::Sender<Result<v1::TokenTree, Status>>,
+        slot: OwnedSemaphorePermit,
+    ) -> DraftStream {
+        DraftStream {
+            stop: shared.stop.clone(),
+            shared,
+            inbound,
+            tx,
+            tally: Tally::default(),
+            slot,
+        }
+    }
+
+    /// Serves the stream to its end; never fails (errors go to the client).
+    pub async fn run(mut self) {
+        let result = self.serve().await;
+        let DraftStream {
+            shared,
+            tx,
+            slot,
+            tally,
+            ..
+        } = self;
+        // Free the slot before the verifier hears the stream is over, so
+        // that it can open the next one at once.
+        drop(slot);
+        match result {
+            Ok((session, end)) => {
+                drop(tx);
+                tracing::info!(
+                    ?end,
+                    trees = tally.trees,
+                    drafted = tally.drafted,
+                    accepted = tally.accepted,
+                    ignored = tally.ignored,
+                    "draft session ended"
+                );
+                index_output(shared, session).await;
+            }
+            Err(error) => {
+                shared.stats.session_failed();
+                tracing::warn!(
+                    %error,
+                    code = ?error.code(),
+                    trees = tally.trees,
+                    "draft session failed"
+                );
+                // The verifier may be gone, or not reading: then there is
+                // nobody to tell, and nothing may wait on it for long.
+                let status = Status::from(error);
+                let _ = tokio::time::timeout(ERROR_SEND_TIMEOUT, tx.send(Err(status))).await;
+            }
+        }
+    }
+
+    async fn serve(&mut self) -> Result<(DraftSession, End), SessionError> {
+        let spec = self.start().await?;
+        let span = tracing::Span::current();
+        span.record("session_id", spec.session_id.as_str());
+        span.record("epoch", spec.epoch);
+        span.record("tenant", spec.tenant.as_str());
+        let _open = self.shared.stats.open_session();
+        if let Some(why) = &spec.curve_fallback {
+            tracing::info!(reason = %why, "using the default cost curve");
+        }
+        let drafter = self.shared.drafters.for_session(&spec.tenant, spec.vocab);
+        tracing::info!(
+            tokens = spec.tokens.len(),
+            prompt_len = spec.prompt_len,
+            vocab = spec.vocab,
+            max_draft_tokens = spec.max_draft_tokens,
+            max_depth = spec.max_depth,
+            model = drafter.uses_model(),
+            "draft session started"
+        );
+        let mut session = DraftSession::new(spec, drafter, self.shared.max_context)?;
+        let plan = session.plan_first();
+        let (mut session, drafted) = draft(session, plan).await?;
+        if !self.send(drafted).await? {
+            return Ok((session, End::Gone));
+        }
+        loop {
+            let outcome = match self.recv().await? {
+                Ok(Some(v1::DraftRequest {
+                    kind: Some(Kind::Outcome(o)),
+                })) => o,
+                Ok(Some(v1::DraftRequest {
+                    kind: Some(Kind::Start(_)),
+                })) => return Err(SessionError::RepeatedStart),
+                Ok(Some(v1::DraftRequest { kind: None })) => {
+                    return Err(SessionError::invalid(
+                        "kind",
+                        "must be `start` or `outcome`",
+                    ));
+                }
+                Ok(None) => return Ok((session, End::Closed)),
+                Err(status) => return Ok((session, End::Cancelled(status.code()))),
+            };
+            let step = outcome.step;
+            let batch = match session.apply(outcome)? {
+                Applied::Ignored => {
+                    self.tally.ignored += 1;
+                    self.shared.stats.stale_outcome();
+                    tracing::debug!(step, "ignoring a stale or duplicated outcome");
+                    continue;
+                }
+                Applied::Next { batch, accepted } => {
+                    self.tally.accepted += accepted as u64;
+                    self.shared.stats.accepted(accepted);
+                    batch
+                }
+            };
+            let plan = session.plan(batch);
+            let (next, drafted) = draft(session, plan).await?;
+            session = next;
+            if !self.send(drafted).await? {
+                return Ok((session, End::Gone));
+            }
+        }
+    }
+
+    /// Waits for the stream's `start` and validates it.
+    async fn start(&mut self) -> Result<SessionSpec, SessionError> {
+        let timeout = self.shared.start_timeout;
+        let first = tokio::time::timeout(timeout, self.recv())
+            .await
+            .map_err(|_| SessionError::StartTimeout(timeout))??;
+        match first {
+            Ok(Some(v1::DraftRequest {
+                kind: Some(Kind::Start(start)),
+            })) => SessionSpec::from_wire(start, self.shared.max_context),
+            Ok(Some(v1::DraftRequest {
+                kind: Some(Kind::Outcome(_)),
+            })) => Err(SessionError::ExpectedStart { got: "`outcome`" }),
+            Ok(Some(v1::DraftRequest { kind: None })) => Err(SessionError::ExpectedStart {
+                got: "a message without `kind`",
+            }),
+            Ok(None) | Err(_) => Err(SessionError::NoStart),
+        }
+    }
+
+    /// The verifier's next message (`Ok(None)`: it closed its side;
+    /// `Err`: it cancelled). Fails only when shutdown cuts the wait.
+    async fn recv(&mut self) -> Result<Result<Option<v1::DraftRequest>, Status>, SessionError> {
+        tokio::select! {
+            m = self.inbound.message() => Ok(m),
+            () = stopped(&mut self.stop) => Err(SessionError::ShuttingDown),
+        }
+    }
+
+    /// Sends a tree; `false` when the verifier no longer reads.
+    async fn send(&mut self, drafted: Drafted) -> Result<bool, SessionError> {
+        let sent = tokio::select! {
+            sent = self.tx.send(Ok(drafted.tree)) => sent.is_ok(),
+            () = stopped(&mut self.stop) => return Err(SessionError::ShuttingDown),
+        };
+        if sent {
+            self.tally.trees += 1;
+            self.tally.drafted += drafted.nodes as u64;
+            self.shared.stats.tree_sent(drafted.nodes, drafted.took);
+        }
+        Ok(sent)
+    }
+}
+
+/// Resolves once the shutdown grace period is over (or the server that
+/// owns the flag is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|&stop| stop).await;
+}
+
+/// Plans' trees are drafted in a `propose` span; a propose that may run the
+/// draft model moves the session to a blocking thread and back.
+async fn draft(
+    mut session: DraftSession,
+    plan: Plan,
+) -> Result<(DraftSession, Drafted), SessionError> {
+    let span = tracing::debug_span!(
+        "propose",
+        step = plan.step,
+        max_nodes = plan.budget.max_nodes,
+        max_depth = plan.budget.max_depth,
+        nodes = tracing::field::Empty,
+        micros = tracing::field::Empty,
+    );
+    let (session, drafted) = if session.blocks(&plan) {
+        let inner = span.clone();
+        tokio::task::spawn_blocking(move || {
+            let drafted = inner.in_scope(|| session.draft(plan));
+            (session, drafted)
+        })
+        .await
+        .map_err(|e| SessionError::Internal(format!("draft worker: {e}")))?
+    } else {
+        let drafted = span.in_scope(|| session.draft(plan));
+        (session, drafted)
+    };
+    let drafted = drafted?;
+    span.record("nodes", drafted.nodes);
+    span.record("micros", drafted.took.as_micros() as u64);
+    Ok((session, drafted))
+}
+
+/// Adds an ended session's output to its tenant's global index, off the
+/// async workers.
+async fn index_output(shared: Arc<Shared>, session: DraftSession) {
+    let indexed = tokio::task::spawn_blocking(move || {
+        let done = shared
+            .drafters
+            .index_output(session.tenant(), session.output());
+        if done {
+            shared.stats.output_indexed();
+        }
+        done
+    })
+    .await;
+    match indexed {
+        Ok(true) => tracing::debug!("output added to the global index"),
+        Ok(false) => {}
+        Err(error) => tracing::error!(%error, "indexing the output failed"),
+    }
+}

@@ -1,0 +1,180 @@
+//! The model drafter through the service (`$SPECMESH_MODEL`, else the
+//! `specmesh model fetch` cache). A missing model fails the test: CI always
+//! has it, and a skipped test proves nothing.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use specmesh_drafter::DraftModelConfig;
+use specmesh_model::{Block, LoadOptions, Model};
+use specmesh_proto::v1;
+use specmesh_tokenizer::Tokenizer;
+
+use crate::common::{Drafter, Stream, config, root_child};
+
+fn model_path() -> PathBuf {
+    let path = std::env::var_os("SPECMESH_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            home.join(".cache/specmesh/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        path.exists(),
+        "model not found at {} (set SPECMESH_MODEL or run `cargo run --release -p specmesh-cli -- model fetch`)",
+        path.display()
+    );
+    path
+}
+
+fn model_config(layers: Option<usize>) -> DraftModelConfig {
+    DraftModelConfig {
+        path: model_path(),
+        self_draft_layers: layers,
+        target_tokenizer: Some(model_path()),
+        threads: Some(2),
+        max_sessions: 4,
+    }
+}
+
+/// The greedy next token of `model` after `tokens`.
+fn greedy_next(model: &Model, tokens: &[u32]) -> u32 {
+    let mut seq = model.new_sequence();
+    let block = Block::chain(tokens.to_vec(), 0).unwrap().last_logits_only();
+    let logits = model.forward(&mut seq, &block).unwrap();
+    logits.argmax(logits.rows() - 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_draft_with_the_model_on_plain_text() {
+    let path = model_path();
+    let tokenizer = Tokenizer::from_gguf_path(&path).unwrap();
+    let prompt = tokenizer
+        .encode_for_model("The history of the printing press begins in the fifteenth century, when")
+        .unwrap();
+    let model = Model::load(&path, &LoadOptions::default()).unwrap();
+    let vocab = model.config().vocab_size as u32;
+    let next = greedy_next(&model, &prompt);
+
+    let mut cfg = config();
+    cfg.draft_model = Some(model_config(None));
+    let drafter = Drafter::start(cfg).await;
+    let mut client = drafter.client().await;
+    let start = v1::DraftStart {
+        session_id: "model".into(),
+        tokens: prompt.clone(),
+        prompt_len: prompt.len() as u32,
+        vocab_size: vocab,
+        max_draft_tokens: 8,
+        max_depth: 4,
+        ..Default::default()
+    };
+    let mut stream = Stream::start(&mut client, start).await;
+    let tree = stream.tree().await;
+    assert!(
+        root_child(&tree, next),
+        "the draft model's greedy token {next} is drafted: {tree:?}"
+    );
+    // Every step is answered; the model keeps drafting as text is committed.
+    let mut context = prompt.clone();
+    let mut tree = tree;
+    for step in 0..4u64 {
+        let want = greedy_next(&model, &context);
+        let path = match tree
+            .nodes
+            .iter()
+            .position(|n| n.parent == 0 && n.token == want)
+        {
+            Some(j) => vec![0, j as u32 + 1],
+            None => vec![0],
+        };
+        let bonus = {
+            let mut c = context.clone();
+            c.push(want);
+            greedy_next(&model, &c)
+        };
+        let committed = if path.len() == 2 {
+            vec![want, bonus]
+        } else {
+            vec![want]
+        };
+        context.extend_from_slice(&committed);
+        stream
+            .outcome(v1::StepOutcome {
+                step,
+                path,
+                committed,
+                batch_size: 1,
+                ..Default::default()
+            })
+            .await;
+        tree = stream.tree().await;
+        assert_eq!(
+            (tree.step, tree.root_token),
+            (step + 1, *context.last().unwrap())
+        );
+        assert!(tree.nodes.len() <= 8);
+    }
+    stream.close().await;
+    let stats = drafter.stats.snapshot();
+    println!(
+        "model drafting: {:.2} ms per tree over {} trees",
+        stats.propose_time.as_secs_f64() * 1e3 / stats.trees_sent as f64,
+        stats.trees_sent
+    );
+    drafter.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_draft_serves_and_a_foreign_tokenizer_is_refused_at_startup() {
+    let mut cfg = config();
+    cfg.draft_model = Some(model_config(Some(4)));
+    let drafter = Drafter::start(cfg).await;
+    let mut client = drafter.client().await;
+    let start = v1::DraftStart {
+        tokens: vec![1, 2, 3, 4],
+        prompt_len: 4,
+        vocab_size: 49152,
+        max_draft_tokens: 4,
+        max_depth: 4,
+        ..Default::default()
+    };
+    let mut stream = Stream::start(&mut client, start).await;
+    assert_eq!(stream.tree().await.step, 0);
+    stream.close().await;
+    drafter.shutdown().await.unwrap();
+
+    // A target tokenizer with another vocabulary: the drafter does not start.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tokenizer.json"), FOREIGN_TOKENIZER).unwrap();
+    let mut cfg = config();
+    cfg.draft_model = Some(DraftModelConfig {
+        target_tokenizer: Some(dir.path().to_path_buf()),
+        ..model_config(None)
+    });
+    let err = tokio::time::timeout(Duration::from_secs(60), specmesh_drafter::bind(cfg))
+        .await
+        .unwrap()
+        .expect_err("a foreign vocabulary is refused");
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("cannot draft for the target tokenizer"),
+        "{msg}"
+    );
+    assert!(msg.contains("but the target's has 3"), "{msg}");
+}
+
+/// A three-word Hugging Face tokenizer.
+const FOREIGN_TOKENIZER: &str = r#"{
+  "version": "1.0",
+  "truncation": null,
+  "padding": null,
+  "added_tokens": [],
+  "normalizer": null,
+  "pre_tokenizer": {"type": "Whitespace"},
+  "post_processor": null,
+  "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+  "model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1, "<unk>": 2}, "unk_token": "<unk>"}
+}"#;
