@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: builds, installs what the tests
-# need (the model, via `specmesh model fetch`), then runs every test against
-# the real model. Extra arguments go to `cargo test`.
+# The whole test suite, on a fresh machine: builds every binary, installs
+# what the tests need (the model via `specmesh model fetch`, a Python gRPC
+# client for the reflection test), then runs every test against the real
+# model and the real services. Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --release --locked -p specmesh-cli
+# The end-to-end tests start the service binaries as processes: cargo only
+# builds a package's binaries for that package's own tests, so build all.
+cargo build --release --locked --workspace --bins
 SPECMESH_MODEL="$(./target/release/specmesh model fetch | tail -n1)"
 export SPECMESH_MODEL
+SPECMESH_TEST_PYTHON="$(scripts/python-env.sh)"
+export SPECMESH_TEST_PYTHON
 echo "model: $SPECMESH_MODEL"
 
 log="$(mktemp)"

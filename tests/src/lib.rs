@@ -167,3 +167,5 @@ pub fn error_line(out: &Output) -> String {
     );
     lines[0].to_owned()
 }
+
+pub mod mesh;

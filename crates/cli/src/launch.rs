@@ -33,7 +33,19 @@ impl Service {
     /// inherited.
     pub async fn start(name: &'static str, args: &[String], timeout: Duration) -> Result<Service> {
         let bin = binary(name);
-        let mut child = Command::new(&bin)
+        let mut cmd = Command::new(&bin);
+        // Linux: the service dies with its launcher, even a killed one, so
+        // no orphan keeps a port or a model in memory.
+        #[cfg(target_os = "linux")]
+        // SAFETY: prctl in the forked child before exec touches no memory of
+        // the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let mut child = cmd
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

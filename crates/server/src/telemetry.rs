@@ -40,6 +40,8 @@ pub fn init(service: &'static str) -> Telemetry {
         .with(
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
+                // Colours only on a terminal: log collectors get plain text.
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .with_target(false),
         )
         .with(tracing_opentelemetry::layer().with_tracer(tracer))

@@ -1,0 +1,172 @@
+//! The whole system as `specmesh up` starts it: separate processes talking
+//! real gRPC on loopback, stopped (SIGTERM) when the `Mesh` is dropped.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use specmesh_proto::v1;
+use specmesh_proto::v1::generation_client::GenerationClient;
+use tonic::transport::Channel;
+
+use crate::{model_path, specmesh_bin};
+
+/// A service started by `specmesh up`.
+#[derive(Debug, Clone)]
+pub struct Proc {
+    pub name: String,
+    pub url: String,
+    pub pid: u32,
+}
+
+#[derive(Debug)]
+pub struct Mesh {
+    child: Child,
+    pub gateway: String,
+    pub services: Vec<Proc>,
+}
+
+impl Mesh {
+    /// One verifier and one drafter.
+    pub fn start() -> Mesh {
+        Mesh::start_with(1, 1, &[])
+    }
+
+    /// `verifiers` verifiers, `drafters` drafters, extra environment for
+    /// every service (e.g. `SPECMESH_GATEWAY_MAX_CONCURRENT_REQUESTS`).
+    pub fn start_with(verifiers: usize, drafters: usize, env: &[(&str, &str)]) -> Mesh {
+        let mut cmd = Command::new(specmesh_bin());
+        cmd.args(["up", "--listen", "127.0.0.1:0"])
+            .args([
+                "--verifiers",
+                &verifiers.to_string(),
+                "--drafters",
+                &drafters.to_string(),
+            ])
+            .arg("--model")
+            .arg(model_path())
+            .env("SPECMESH_LOG", "warn")
+            // The cost curve measured on this machine (README); measuring it
+            // at every start would add seconds to every test.
+            .env(
+                "SPECMESH_COST_CURVE",
+                "1:1,2:1.26,4:1.85,8:2.99,16:5.02,32:9.5,64:18",
+            )
+            .env("SPECMESH_THREADS", "2")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("starting specmesh up");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    // Keep draining so `up` never blocks on a full pipe.
+                    continue;
+                }
+            }
+        });
+        let mut services = Vec::new();
+        let gateway = loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(180))
+                .unwrap_or_else(|_| {
+                    panic!("specmesh up did not come up; services so far: {services:?}")
+                });
+            if let Some(addr) = line.strip_prefix("specmesh up: gateway listening on ") {
+                break format!("http://{}", addr.trim());
+            }
+            // "specmesh-verifier at http://127.0.0.1:PORT (pid N)"
+            if let Some((name, rest)) = line.split_once(" at ")
+                && let Some((url, pid)) = rest.split_once(" (pid ")
+            {
+                services.push(Proc {
+                    name: name.to_string(),
+                    url: url.to_string(),
+                    pid: pid.trim_end_matches(')').parse().unwrap_or(0),
+                });
+            }
+        };
+        Mesh {
+            child,
+            gateway,
+            services,
+        }
+    }
+
+    pub fn of(&self, name: &str) -> Vec<&Proc> {
+        self.services.iter().filter(|p| p.name == name).collect()
+    }
+
+    pub async fn client(&self) -> GenerationClient<Channel> {
+        GenerationClient::connect(self.gateway.clone())
+            .await
+            .expect("connecting to the gateway")
+    }
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        for _ in 0..200 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A request for `text` as one chat message.
+pub fn chat_request(text: &str, max_new_tokens: u32) -> v1::GenerateRequest {
+    v1::GenerateRequest {
+        input: Some(v1::generate_request::Input::Chat(v1::Chat {
+            messages: vec![v1::ChatMessage {
+                role: "user".into(),
+                content: text.into(),
+            }],
+        })),
+        max_new_tokens,
+        ..Default::default()
+    }
+}
+
+/// The same request with speculation off.
+pub fn without_speculation(mut r: v1::GenerateRequest) -> v1::GenerateRequest {
+    r.speculation = Some(v1::SpeculationParams {
+        mode: v1::SpeculationMode::Off as i32,
+        max_draft_tokens: 0,
+    });
+    r
+}
+
+/// Prompts of mixed kinds: the first `per_category` questions of every
+/// Spec-Bench category in the shared benchmark file.
+pub fn bench_prompts(per_category: usize) -> Vec<(String, String)> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/bench/spec_bench_dev.jsonl");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut seen: std::collections::HashMap<String, usize> = Default::default();
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let q: serde_json::Value = serde_json::from_str(line).expect("a Spec-Bench line");
+        let cat = q["category"].as_str().unwrap_or_default().to_string();
+        let n = seen.entry(cat.clone()).or_default();
+        *n += 1;
+        if *n <= per_category {
+            out.push((cat, q["turns"][0].as_str().unwrap_or_default().to_string()));
+        }
+    }
+    out
+}
