@@ -30,6 +30,9 @@ enum Command {
     Up(commands::up::Args),
     /// Print the token ids (and pieces) of a text.
     Tokenize(commands::tokenize::Args),
+    /// Spec-Bench through the gateway: speculation against plain decoding,
+    /// interleaved, with an identity check of every greedy output.
+    Bench(commands::bench::Args),
     /// Measure the model runtime: prefill, decode and the verify cost curve.
     BenchModel(commands::bench_model::Args),
     /// Score the drafters offline: tokens per verify step (τ) per Spec-Bench
@@ -48,6 +51,7 @@ fn main() {
         Command::Up(a) => commands::up::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::BenchModel(a) => commands::bench_model::run(a),
+        Command::Bench(a) => commands::bench::run(a),
         Command::Accept(a) => commands::accept::run(a),
         Command::BenchDraft(a) => commands::bench_draft::run(a),
     };

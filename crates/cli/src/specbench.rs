@@ -49,7 +49,23 @@ pub struct Selection {
     /// At most this many questions per category, in file order (0: all).
     #[arg(long, default_value_t = 4)]
     pub per_category: usize,
+    /// At most this many per MT-bench category (writing, roleplay, ...;
+    /// default: --per-category).
+    #[arg(long)]
+    pub mt_bench_per_category: Option<usize>,
 }
+
+/// Spec-Bench's MT-bench categories (the small ones, 5 questions each here).
+pub const MT_BENCH: [&str; 8] = [
+    "writing",
+    "roleplay",
+    "reasoning",
+    "math",
+    "coding",
+    "extraction",
+    "stem",
+    "humanities",
+];
 
 impl Selection {
     pub fn load(&self) -> Result<Vec<Question>> {
@@ -87,7 +103,12 @@ impl Selection {
             .filter(|q| {
                 let n = taken.entry(q.category.clone()).or_default();
                 *n += 1;
-                self.per_category == 0 || *n <= self.per_category
+                let cap = if MT_BENCH.contains(&q.category.as_str()) {
+                    self.mt_bench_per_category.unwrap_or(self.per_category)
+                } else {
+                    self.per_category
+                };
+                cap == 0 || *n <= cap
             })
             .collect();
         if picked.is_empty() {

@@ -10,12 +10,14 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adaptive;
 pub mod lookup;
 pub mod merged;
 pub mod policy;
 pub mod recycle;
 pub mod suffix;
 
+pub use adaptive::Adaptive;
 pub use lookup::{LookupConfig, PromptLookup};
 pub use merged::Merged;
 pub use policy::{
@@ -72,4 +74,18 @@ pub trait Drafter: Send {
 
     /// Learns from a verify step. The default ignores it.
     fn observe(&mut self, _feedback: &Feedback<'_>) {}
+}
+
+impl<D: Drafter + ?Sized> Drafter for Box<D> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn propose(&mut self, ctx: &DraftContext<'_>) -> TokenTree {
+        (**self).propose(ctx)
+    }
+
+    fn observe(&mut self, feedback: &Feedback<'_>) {
+        (**self).observe(feedback)
+    }
 }

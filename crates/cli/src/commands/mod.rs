@@ -1,4 +1,5 @@
 pub mod accept;
+pub mod bench;
 pub mod bench_draft;
 pub mod bench_model;
 pub mod client;
