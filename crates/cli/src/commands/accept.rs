@@ -37,7 +37,10 @@ pub struct Args {
     /// Tree budgets (drafted nodes per step, root not counted).
     #[arg(long, value_delimiter = ',', default_value = "8,16,32,64")]
     budgets: Vec<usize>,
-    /// Drafters to score: lookup, suffix, recycle, merged.
+    /// Layers of the target the self-draft model keeps.
+    #[arg(long, default_value_t = 8)]
+    self_draft_layers: usize,
+    /// Drafters to score: lookup, suffix, recycle, merged, self-draft.
     #[arg(
         long,
         value_delimiter = ',',
@@ -115,6 +118,12 @@ pub fn run(args: Args) -> Result<()> {
     };
     let recordings = record(&args, &questions, &model_name, &record_path)?;
     let vocab = recordings.vocab;
+    let draft_model = if args.drafters.contains(&DrafterKind::SelfDraft) {
+        let m = args.model.load_model()?;
+        Some(std::sync::Arc::new(m.truncated(args.self_draft_layers)?))
+    } else {
+        None
+    };
 
     let mut report = Report {
         model: model_name,
@@ -125,7 +134,7 @@ pub fn run(args: Args) -> Result<()> {
     for kind in &args.drafters {
         for &budget in &args.budgets {
             let limits = TreeLimits::new(budget + 1, budget.min(32), vocab);
-            let by_cat = replay(*kind, limits, &recordings.items);
+            let by_cat = replay(*kind, limits, &recordings.items, draft_model.clone());
             report
                 .scores
                 .entry(kind.to_string())
@@ -256,8 +265,16 @@ fn greedy_with_top_k(
 
 /// Replays one drafter over every recording, in order (the suffix drafter's
 /// global index sees earlier outputs, as on a server).
-fn replay(kind: DrafterKind, limits: TreeLimits, items: &[Recording]) -> BTreeMap<String, Score> {
-    let shared = drafters::Shared::new();
+fn replay(
+    kind: DrafterKind,
+    limits: TreeLimits,
+    items: &[Recording],
+    draft_model: Option<std::sync::Arc<Model>>,
+) -> BTreeMap<String, Score> {
+    let shared = drafters::Shared {
+        draft_model,
+        ..drafters::Shared::new()
+    };
     let mut scores: BTreeMap<String, Score> = BTreeMap::new();
     for r in items {
         let mut drafter = drafters::make(kind, &shared, "bench");

@@ -1,9 +1,14 @@
 //! The drafter configurations the offline commands score, by name.
 
+use std::sync::Arc;
+
 use specmesh_draft::{
     Drafter, GlobalSuffixIndex, Merged, PromptLookup, SuffixConfig, SuffixDrafter, TenantKey,
     TokenRecycler,
 };
+use specmesh_draft_model::{DraftOptions, ModelDrafter};
+use specmesh_model::Model;
+use specmesh_sampling::SamplingParams;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DrafterKind {
@@ -15,6 +20,9 @@ pub enum DrafterKind {
     Recycle,
     /// All three merged into one tree.
     Merged,
+    /// A small model drafting a top-k tree: the target's first layers
+    /// (`--self-draft-layers`).
+    SelfDraft,
 }
 
 impl std::fmt::Display for DrafterKind {
@@ -24,6 +32,7 @@ impl std::fmt::Display for DrafterKind {
             DrafterKind::Suffix => "suffix",
             DrafterKind::Recycle => "recycle",
             DrafterKind::Merged => "merged",
+            DrafterKind::SelfDraft => "self-draft",
         })
     }
 }
@@ -32,6 +41,8 @@ impl std::fmt::Display for DrafterKind {
 #[derive(Debug, Default, Clone)]
 pub struct Shared {
     pub index: GlobalSuffixIndex,
+    /// The draft model of `SelfDraft`.
+    pub draft_model: Option<Arc<Model>>,
 }
 
 impl Shared {
@@ -53,6 +64,22 @@ pub fn make(kind: DrafterKind, shared: &Shared, tenant: &str) -> Box<dyn Drafter
         DrafterKind::Lookup => Box::new(PromptLookup::default()),
         DrafterKind::Suffix => Box::new(suffix()),
         DrafterKind::Recycle => Box::new(TokenRecycler::new(Default::default())),
+        DrafterKind::SelfDraft => {
+            let model = shared
+                .draft_model
+                .clone()
+                .expect("SelfDraft needs Shared::draft_model");
+            let vocab = model.config().vocab_size as u32;
+            Box::new(
+                ModelDrafter::new(
+                    model,
+                    SamplingParams::greedy(),
+                    vocab,
+                    DraftOptions::default(),
+                )
+                .expect("the draft model shares the target's vocabulary"),
+            )
+        }
         DrafterKind::Merged => Box::new(Merged::new(vec![
             Box::new(suffix()),
             Box::new(PromptLookup::default()),
