@@ -151,12 +151,18 @@ pub fn without_speculation(mut r: v1::GenerateRequest) -> v1::GenerateRequest {
 }
 
 /// Prompts of mixed kinds: the first `per_category` questions of every
-/// Spec-Bench category in the shared benchmark file.
+/// Spec-Bench category in the shared benchmark file beside the checkout, or
+/// a built-in mixed set of 26 when that file is not there.
 pub fn bench_prompts(per_category: usize) -> Vec<(String, String)> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../shared/bench/spec_bench_dev.jsonl");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        eprintln!("{} not found: using the built-in prompts", path.display());
+        return BUILT_IN
+            .iter()
+            .map(|(c, p)| ((*c).to_string(), (*p).to_string()))
+            .collect();
+    };
     let mut seen: std::collections::HashMap<String, usize> = Default::default();
     let mut out = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -170,3 +176,77 @@ pub fn bench_prompts(per_category: usize) -> Vec<(String, String)> {
     }
     out
 }
+
+const BUILT_IN: [(&str, &str); 26] = [
+    (
+        "translation",
+        "Translate to German: The train leaves at seven in the morning.",
+    ),
+    (
+        "translation",
+        "Translate to French: I would like a cup of coffee, please.",
+    ),
+    (
+        "translation",
+        "Translate to Spanish: Where is the nearest library?",
+    ),
+    (
+        "summarization",
+        "Summarize: The city council voted to extend the bike lanes downtown after a year of record ridership, citing fewer accidents and less traffic.",
+    ),
+    (
+        "summarization",
+        "Summarize in one sentence: Photosynthesis lets plants turn sunlight, water and carbon dioxide into sugar and oxygen.",
+    ),
+    (
+        "summarization",
+        "Summarize: The meeting covered the budget, the new hires, and the office move planned for spring.",
+    ),
+    ("qa", "What is the capital of Japan?"),
+    ("qa", "Why is the sky blue?"),
+    ("qa", "How many legs does a spider have?"),
+    (
+        "math_reasoning",
+        "A shop sells pens at 3 dollars each. How much do 7 pens cost? Explain.",
+    ),
+    (
+        "math_reasoning",
+        "If a train travels 60 km in one hour, how far does it go in 2.5 hours?",
+    ),
+    ("math_reasoning", "What is 15 percent of 80?"),
+    (
+        "rag",
+        "Context: The Nile is about 6650 km long and flows north into the Mediterranean. Question: Into which sea does the Nile flow?",
+    ),
+    (
+        "rag",
+        "Context: Ada Lovelace wrote the first published algorithm for Babbage's Analytical Engine. Question: What did Ada Lovelace write?",
+    ),
+    (
+        "rag",
+        "Context: Mount Everest is 8849 metres high. Question: How high is Mount Everest?",
+    ),
+    ("writing", "Write a two-line poem about rain."),
+    ("writing", "Write a short thank-you note to a teacher."),
+    ("roleplay", "Pretend you are a pirate and greet me."),
+    (
+        "reasoning",
+        "If all cats are animals and Tom is a cat, is Tom an animal?",
+    ),
+    ("math", "Solve for x: 2x + 6 = 14."),
+    ("coding", "Write a Python function that reverses a string."),
+    (
+        "coding",
+        "Write a SQL query that counts the rows of a table named users.",
+    ),
+    (
+        "extraction",
+        "Extract the names from: Alice met Bob and Carol at the station.",
+    ),
+    (
+        "stem",
+        "What is the boiling point of water at sea level in Celsius?",
+    ),
+    ("humanities", "Who wrote Romeo and Juliet?"),
+    ("humanities", "Name three ancient civilizations."),
+];
