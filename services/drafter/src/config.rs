@@ -24,6 +24,7 @@ pub mod env {
     pub const TARGET_TOKENIZER: &str = "SPECMESH_DRAFTER_TARGET_TOKENIZER";
     pub const DRAFT_MODEL_THREADS: &str = "SPECMESH_DRAFTER_DRAFT_MODEL_THREADS";
     pub const DRAFT_MODEL_SESSIONS: &str = "SPECMESH_DRAFTER_DRAFT_MODEL_SESSIONS";
+    pub const PIPELINE: &str = "SPECMESH_DRAFTER_PIPELINE";
 }
 
 /// The default gRPC address: loopback, the drafter's well-known port.
@@ -54,6 +55,11 @@ pub struct Args {
     /// session is refused with INVALID_ARGUMENT. Bounds per-session memory.
     #[arg(long, env = env::MAX_CONTEXT_TOKENS, default_value_t = 262_144)]
     pub max_context_tokens: usize,
+    /// Send "nothing drafted" for the next step ahead of its outcome when
+    /// the policy has already decided not to speculate, so the verifier
+    /// never waits a round trip for an empty tree.
+    #[arg(long, env = env::PIPELINE, default_value_t = true, action = clap::ArgAction::Set)]
+    pub pipeline: bool,
     /// Seconds open draft streams get to end on SIGTERM/SIGINT before they
     /// are closed with UNAVAILABLE.
     #[arg(long, env = env::SHUTDOWN_GRACE_SECS, default_value_t = 20)]
@@ -110,6 +116,8 @@ pub struct Config {
     pub global_index_bytes: usize,
     pub max_sessions: usize,
     pub max_context_tokens: usize,
+    /// Pipelined "nothing drafted" trees (see `Args::pipeline`).
+    pub pipeline: bool,
     pub shutdown_grace: Duration,
     pub start_timeout: Duration,
     /// The optional model drafter.
@@ -138,6 +146,7 @@ impl Default for Config {
             global_index_bytes: 256 << 20,
             max_sessions: 1024,
             max_context_tokens: 262_144,
+            pipeline: true,
             shutdown_grace: Duration::from_secs(20),
             start_timeout: Duration::from_secs(30),
             draft_model: None,
@@ -201,6 +210,7 @@ impl TryFrom<Args> for Config {
             global_index_bytes: a.global_index_mib << 20,
             max_sessions: at_least("max-sessions", a.max_sessions, 1)?,
             max_context_tokens: at_least("max-context-tokens", a.max_context_tokens, 1)?,
+            pipeline: a.pipeline,
             shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
             start_timeout: Duration::from_secs(a.start_timeout_secs),
             draft_model,

@@ -85,6 +85,7 @@ pub async fn bind(config: Config) -> anyhow::Result<Listening> {
         slots: Arc::new(Semaphore::new(config.max_sessions)),
         max_sessions: config.max_sessions,
         max_context: config.max_context_tokens,
+        pipeline: config.pipeline,
         start_timeout: config.start_timeout,
         stop: stop_rx,
     };

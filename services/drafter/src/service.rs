@@ -35,6 +35,8 @@ pub struct Shared {
     pub slots: Arc<Semaphore>,
     pub max_sessions: usize,
     pub max_context: usize,
+    /// Pipelined "nothing drafted" trees.
+    pub pipeline: bool,
     /// How long a new stream may take to send its `start`.
     pub start_timeout: Duration,
     /// Becomes `true` when the shutdown grace period is over: open streams

@@ -20,6 +20,13 @@
 //!   drafter's context no longer matches the verifier's: the stream ends
 //!   with INVALID_ARGUMENT so the verifier can reopen it from a fresh start.
 //!
+//! **Pipelining.** When the policy has already decided not to speculate at
+//! the step after the one being verified, there is nothing to wait for: the
+//! session sends a tree with no nodes for that step at once, ahead of the
+//! outcome it follows, and the verifier finds it waiting (its root is
+//! ignored). The policy decides once per step either way; a decision to
+//! draft is kept and used when the outcome arrives.
+//!
 //! The session is plain data with synchronous methods so it can move onto
 //! a blocking thread for a model-drafter propose and back.
 
@@ -44,6 +51,8 @@ pub enum Applied {
     Ignored,
     /// Applied; the tree for the next step is due, planned for `batch`.
     Next { batch: usize, accepted: usize },
+    /// Applied; the next step's tree was sent ahead ("nothing drafted").
+    Ahead { batch: usize, accepted: usize },
 }
 
 /// The budget of one tree, decided before drafting it.
@@ -82,6 +91,12 @@ pub struct DraftSession {
     last: Option<(u64, TokenTree)>,
     /// The step of the next tree to draft.
     next_step: u64,
+    /// Send "nothing drafted" ahead when the policy says so.
+    pipeline: bool,
+    /// A step whose empty tree was sent ahead of its predecessor's outcome.
+    ahead: Option<u64>,
+    /// A decision to draft, taken ahead, for the step after the last tree.
+    deferred: Option<Plan>,
 }
 
 impl DraftSession {
@@ -90,6 +105,7 @@ impl DraftSession {
         spec: SessionSpec,
         drafter: SessionDrafter,
         max_context: usize,
+        pipeline: bool,
     ) -> Result<DraftSession, SessionError> {
         let config = PolicyConfig {
             max_nodes: spec.max_draft_tokens + 1,
@@ -111,6 +127,9 @@ impl DraftSession {
             context: spec.tokens,
             last: None,
             next_step: 0,
+            pipeline,
+            ahead: None,
+            deferred: None,
         })
     }
 
@@ -175,9 +194,66 @@ impl DraftSession {
         }
         self.context.extend_from_slice(&o.committed);
         self.next_step = sent_step + 1;
+        if self.ahead == Some(self.next_step) {
+            // The verifier verifies the root alone at that step: await its
+            // outcome as that of a root-only tree.
+            self.ahead = None;
+            let root = *self.context.last().expect("the context only grows");
+            let limits = Budget::OFF.limits(self.vocab);
+            let tree = TokenTree::root_only(root, limits)
+                .map_err(|e| SessionError::Internal(format!("root-only tree: {e}")))?;
+            self.last = Some((self.next_step, tree));
+            self.next_step += 1;
+            return Ok(Applied::Ahead {
+                batch: o.batch_size,
+                accepted,
+            });
+        }
         Ok(Applied::Next {
             batch: o.batch_size,
             accepted,
+        })
+    }
+
+    /// The plan for the tree due now: the decision taken ahead if there is
+    /// one, else a fresh one.
+    pub fn next_plan(&mut self, batch: usize) -> Plan {
+        match self.deferred.take() {
+            Some(p) => Plan {
+                step: self.next_step,
+                ..p
+            },
+            None => self.plan(batch),
+        }
+    }
+
+    /// Decides the step after the last tree sent, ahead of the outcome it
+    /// follows: returns the empty tree to send now when the decision is
+    /// not to speculate, else keeps the decision for [`next_plan`].
+    ///
+    /// [`next_plan`]: DraftSession::next_plan
+    pub fn plan_ahead(&mut self, batch: usize) -> Option<Drafted> {
+        if !self.pipeline || self.ahead.is_some() || self.deferred.is_some() {
+            return None;
+        }
+        let step = self.last.as_ref()?.0 + 1;
+        let plan = Plan {
+            step,
+            ..self.plan(batch)
+        };
+        if !plan.budget.is_off() {
+            self.deferred = Some(plan);
+            return None;
+        }
+        self.ahead = Some(step);
+        Some(Drafted {
+            tree: v1::TokenTree {
+                epoch: self.epoch,
+                step,
+                ..Default::default()
+            },
+            nodes: 0,
+            took: Duration::ZERO,
         })
     }
 

@@ -147,10 +147,16 @@ impl DraftStream {
             model = drafter.uses_model(),
             "draft session started"
         );
-        let mut session = DraftSession::new(spec, drafter, self.shared.max_context)?;
+        let mut session =
+            DraftSession::new(spec, drafter, self.shared.max_context, self.shared.pipeline)?;
         let plan = session.plan_first();
         let (mut session, drafted) = draft(session, plan).await?;
         if !self.send(drafted).await? {
+            return Ok((session, End::Gone));
+        }
+        if let Some(empty) = session.plan_ahead(1)
+            && !self.send(empty).await?
+        {
             return Ok((session, End::Gone));
         }
         loop {
@@ -178,16 +184,31 @@ impl DraftStream {
                     tracing::debug!(step, "ignoring a stale or duplicated outcome");
                     continue;
                 }
+                Applied::Ahead { batch, accepted } => {
+                    self.tally.accepted += accepted as u64;
+                    self.shared.stats.accepted(accepted);
+                    if let Some(empty) = session.plan_ahead(batch)
+                        && !self.send(empty).await?
+                    {
+                        return Ok((session, End::Gone));
+                    }
+                    continue;
+                }
                 Applied::Next { batch, accepted } => {
                     self.tally.accepted += accepted as u64;
                     self.shared.stats.accepted(accepted);
                     batch
                 }
             };
-            let plan = session.plan(batch);
+            let plan = session.next_plan(batch);
             let (next, drafted) = draft(session, plan).await?;
             session = next;
             if !self.send(drafted).await? {
+                return Ok((session, End::Gone));
+            }
+            if let Some(empty) = session.plan_ahead(batch)
+                && !self.send(empty).await?
+            {
                 return Ok((session, End::Gone));
             }
         }

@@ -29,7 +29,7 @@ fn bounded(
     };
     let spec = SessionSpec::from_wire(start, 1000).unwrap();
     let drafter = DrafterSet::new(0, None).for_session(&spec.tenant, spec.vocab);
-    DraftSession::new(spec, drafter, max_context).unwrap()
+    DraftSession::new(spec, drafter, max_context, false).unwrap()
 }
 
 fn first_tree(s: &mut DraftSession) -> v1::TokenTree {
@@ -227,6 +227,7 @@ mod arbitrary_outcomes {
                         prop_assert!(tree.nodes.len() <= max_draft as usize);
                         prop_assert!(tree.nodes.iter().all(|n| n.token < 100));
                     }
+                    Ok(Applied::Ahead { .. }) => prop_assert!(false, "pipelining is off here"),
                 }
             }
         }
