@@ -1,0 +1,409 @@
+//! The adaptive speculation policy: how big a tree to draft this step.
+//!
+//! Speculation pays when the tokens a step is expected to commit grow faster
+//! than the verify forward's cost. Both sides are measured: the verifier's
+//! [`CostCurve`] (time of one forward over k tokens, relative to one token)
+//! and the session's [`AcceptanceStats`] (per tree depth, how often the
+//! target accepted that depth given it accepted the one above). The
+//! [`SpecPolicy`] picks the node budget that maximises expected committed
+//! tokens per unit of verify time, which is zero drafted nodes (plain
+//! decoding) when nothing pays.
+//!
+//! Everything here is pure arithmetic on a handful of numbers, cheap enough
+//! to run every step.
+//!
+//! # The model
+//!
+//! With per-depth conditional acceptance `a_d`, a chain of depth `D` commits
+//! in expectation `E = 1 + Σ_{d≤D} Π_{j≤d} a_j` tokens (the bonus token plus
+//! each accepted depth). A tree spends some of its nodes on siblings
+//! instead of depth. We model a depth holding `w` candidates as accepted
+//! with `1 − (1 − a_d)·(1 − g)^(w−1)`: each extra sibling catches a fixed
+//! fraction `g` ([`PolicyConfig::width_gain`]) of the remaining misses. This
+//! ignores that siblings hang off different parents and that a drafter's
+//! later candidates are weaker than `g` suggests for flat distributions; it
+//! only has to rank budgets, not predict acceptance. The shape for `k`
+//! nodes is grown greedily, one node at a time where it adds most to `E`
+//! (deeper, or a sibling at some depth), so the shape for `k + 1` extends
+//! the one for `k` and `E` never falls as the budget grows.
+//!
+//! The measured `a_d` count a depth as accepted when *any* candidate there
+//! was, so on wide trees they already include some width; a small `g`
+//! keeps the double counting small.
+//!
+//! A step over a verifier batch of `B` sessions (each with `k + 1` tokens,
+//! root included) costs `cost((k + 1)·B) / cost(B)` relative to plain
+//! decoding: under load the forward is less memory-bound, extra tokens are
+//! dearer, and the policy drafts less.
+
+mod acceptance;
+mod curve;
+#[cfg(test)]
+mod tests;
+
+use specmesh_tree::TreeLimits;
+
+pub use acceptance::{AcceptanceStats, offered_and_accepted};
+pub use curve::CostCurve;
+
+use crate::Feedback;
+
+/// Why a cost curve or a policy configuration was refused; messages name the
+/// offending value so a benchmark's output can be fixed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("a cost curve needs at least two points (k = 1 and a larger k), got {0}")]
+    TooFewPoints(usize),
+    #[error("the cost curve must start at k = 1 with cost 1, got ({k}, {cost})")]
+    BadFirstPoint { k: usize, cost: f64 },
+    #[error("cost curve point {index}: k = {k} must be larger than the previous k = {previous}")]
+    UnsortedK {
+        index: usize,
+        k: usize,
+        previous: usize,
+    },
+    #[error(
+        "cost curve point {index}: cost {cost} at k = {k} is below the previous cost {previous}: a forward over more tokens cannot be cheaper"
+    )]
+    DecreasingCost {
+        index: usize,
+        k: usize,
+        cost: f64,
+        previous: f64,
+    },
+    #[error("cost curve point {index}: cost {cost} is not a finite positive number")]
+    BadCost { index: usize, cost: f64 },
+    #[error("policy option `{field}` is {value}: {reason}")]
+    BadConfig {
+        field: &'static str,
+        value: f64,
+        reason: &'static str,
+    },
+}
+
+/// A tree budget. `max_nodes` counts the root, so 1 means no speculation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    pub max_nodes: usize,
+    pub max_depth: usize,
+}
+
+impl Budget {
+    /// Plain decoding: the root alone.
+    pub const OFF: Budget = Budget {
+        max_nodes: 1,
+        max_depth: 0,
+    };
+
+    /// Whether this budget drafts nothing.
+    pub fn is_off(&self) -> bool {
+        self.max_nodes <= 1 || self.max_depth == 0
+    }
+
+    /// Drafted nodes (root excluded).
+    pub fn drafted(&self) -> usize {
+        self.max_nodes.saturating_sub(1)
+    }
+
+    /// As the limits a drafter builds its tree under.
+    pub fn limits(&self, vocab: u32) -> TreeLimits {
+        TreeLimits::new(self.max_nodes, self.max_depth, vocab)
+    }
+}
+
+/// Knobs of the policy; [`PolicyConfig::default`] suits the CPU verifier.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyConfig {
+    /// Largest tree, root included.
+    pub max_nodes: usize,
+    /// Deepest tree.
+    pub max_depth: usize,
+    /// Acceptance rate assumed before any observation.
+    pub prior_accept: f64,
+    /// Observations the prior is worth.
+    pub prior_strength: f64,
+    /// Forgetting factor of the acceptance counts (see [`AcceptanceStats`]).
+    pub decay: f64,
+    /// Fraction of the remaining misses at a depth each extra sibling
+    /// catches (the tree approximation, see the module docs), in [0, 1).
+    pub width_gain: f64,
+    /// While speculation is off, every `probe_interval`-th step drafts the
+    /// probe budget anyway so acceptance keeps being measured. 0 disables
+    /// probing (then speculation, once off, stays off).
+    pub probe_interval: u32,
+    /// The probe tree: drafted nodes (a chain of this depth).
+    pub probe_nodes: usize,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> PolicyConfig {
+        PolicyConfig {
+            max_nodes: 17,
+            max_depth: 8,
+            prior_accept: 0.5,
+            prior_strength: 2.0,
+            decay: 0.95,
+            width_gain: 0.3,
+            probe_interval: 16,
+            probe_nodes: 2,
+        }
+    }
+}
+
+/// The policy's answer for one step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Decision {
+    pub budget: Budget,
+    /// Expected committed tokens per step under the model.
+    pub expected_tokens: f64,
+    /// Step cost relative to plain decoding at the same batch size.
+    pub relative_cost: f64,
+    /// True when this is an exploration probe, not the argmax.
+    pub probe: bool,
+}
+
+impl Decision {
+    /// Expected speed-up over plain decoding (tokens per unit verify time).
+    pub fn expected_speedup(&self) -> f64 {
+        self.expected_tokens / self.relative_cost
+    }
+}
+
+/// The adaptive budget of one session: acceptance statistics, the
+/// verifier's cost curve and the exploration counter.
+///
+/// Call [`SpecPolicy::decide`] once per step and feed each verify step back
+/// with [`SpecPolicy::observe`] (or `observe_feedback`).
+///
+/// Exploration is deterministic: each step on which the argmax is "off"
+/// increments a counter; when it reaches `probe_interval` that step drafts
+/// the probe budget instead and the counter restarts. Any step on which
+/// speculation pays resets it. So a session whose text turns predictable is
+/// noticed within `probe_interval` steps, at a cost of one small tree per
+/// `probe_interval` plain steps, and two runs of the same session make the
+/// same decisions.
+#[derive(Clone, Debug)]
+pub struct SpecPolicy {
+    config: PolicyConfig,
+    curve: CostCurve,
+    stats: AcceptanceStats,
+    off_streak: u32,
+}
+
+/// Candidate drafted-node counts (root excluded); the cost curve is
+/// measured at about these sizes, and a coarse ladder keeps the budget from
+/// flickering between neighbours of near-equal value.
+const LADDER: [usize; 14] = [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96];
+
+impl SpecPolicy {
+    pub fn new(curve: CostCurve, config: PolicyConfig) -> Result<SpecPolicy, PolicyError> {
+        if config.max_nodes == 0 {
+            return Err(PolicyError::BadConfig {
+                field: "max_nodes",
+                value: 0.0,
+                reason: "counts the root, so must be >= 1",
+            });
+        }
+        if !(0.0..1.0).contains(&config.width_gain) {
+            return Err(PolicyError::BadConfig {
+                field: "width_gain",
+                value: config.width_gain,
+                reason: "must be in [0, 1)",
+            });
+        }
+        let stats = AcceptanceStats::new(config.prior_accept, config.prior_strength, config.decay)?;
+        Ok(SpecPolicy {
+            config,
+            curve,
+            stats,
+            off_streak: 0,
+        })
+    }
+
+    pub fn config(&self) -> &PolicyConfig {
+        &self.config
+    }
+
+    pub fn curve(&self) -> &CostCurve {
+        &self.curve
+    }
+
+    pub fn stats(&self) -> &AcceptanceStats {
+        &self.stats
+    }
+
+    pub fn stats_mut(&mut self) -> &mut AcceptanceStats {
+        &mut self.stats
+    }
+
+    /// See [`AcceptanceStats::observe`].
+    pub fn observe(&mut self, offered: usize, accepted: usize) {
+        self.stats.observe(offered, accepted);
+    }
+
+    /// See [`AcceptanceStats::observe_feedback`].
+    pub fn observe_feedback(&mut self, feedback: &Feedback<'_>) {
+        self.stats.observe_feedback(feedback);
+    }
+
+    /// The budget for this step when the verifier batches `batch` sessions.
+    /// Advances the exploration counter.
+    pub fn decide(&mut self, batch: usize) -> Decision {
+        let best = self.best(batch);
+        if !best.budget.is_off() {
+            self.off_streak = 0;
+            return best;
+        }
+        let probe = self.config.probe_nodes.min(self.config.max_nodes - 1);
+        let depth = probe.min(self.config.max_depth);
+        if self.config.probe_interval == 0 || depth == 0 {
+            return best;
+        }
+        self.off_streak += 1;
+        if self.off_streak < self.config.probe_interval {
+            return best;
+        }
+        self.off_streak = 0;
+        let budget = Budget {
+            max_nodes: depth + 1,
+            max_depth: depth,
+        };
+        let shape = Shape::grow(
+            &self.stats.rates(depth),
+            depth,
+            depth,
+            self.config.width_gain,
+        );
+        Decision {
+            budget,
+            expected_tokens: shape.expected.last().copied().unwrap_or(1.0),
+            relative_cost: self.curve.step_cost(depth, batch),
+            probe: true,
+        }
+    }
+
+    /// The argmax budget for `batch`, without exploration and without
+    /// changing any state.
+    pub fn best(&self, batch: usize) -> Decision {
+        let max_drafted = self.config.max_nodes - 1;
+        let max_depth = self.config.max_depth;
+        let rates = self.stats.rates(max_depth);
+        let shape = Shape::grow(&rates, max_drafted, max_depth, self.config.width_gain);
+        let mut best = Decision {
+            budget: Budget::OFF,
+            expected_tokens: 1.0,
+            relative_cost: 1.0,
+            probe: false,
+        };
+        let candidates = LADDER
+            .iter()
+            .copied()
+            .filter(|&k| k < max_drafted)
+            .chain(std::iter::once(max_drafted));
+        for k in candidates.filter(|&k| k > 0) {
+            let d = Decision {
+                budget: Budget {
+                    max_nodes: k + 1,
+                    max_depth: shape.depth[k],
+                },
+                expected_tokens: shape.expected[k],
+                relative_cost: self.curve.step_cost(k, batch),
+                probe: false,
+            };
+            // Strictly better only: ties keep the smaller, cheaper budget.
+            if d.expected_speedup() > best.expected_speedup() * (1.0 + 1e-9) {
+                best = d;
+            }
+        }
+        best
+    }
+
+    /// Expected committed tokens per step with `drafted` nodes, under the
+    /// current statistics (see the module docs for the tree model).
+    pub fn expected_tokens(&self, drafted: usize) -> f64 {
+        let drafted = drafted.min(self.config.max_nodes - 1);
+        let rates = self.stats.rates(self.config.max_depth);
+        let shape = Shape::grow(
+            &rates,
+            drafted,
+            self.config.max_depth,
+            self.config.width_gain,
+        );
+        shape.expected[drafted]
+    }
+}
+
+/// The greedily grown tree shape for every node count up to a maximum.
+struct Shape {
+    /// `expected[k]`: expected committed tokens with k drafted nodes.
+    expected: Vec<f64>,
+    /// `depth[k]`: the shape's depth with k drafted nodes.
+    depth: Vec<usize>,
+}
+
+impl Shape {
+    /// Adds nodes one at a time where they raise the expectation most: a
+    /// new deepest level, or one more sibling at an existing depth.
+    fn grow(rates: &[f64], max_drafted: usize, max_depth: usize, gain: f64) -> Shape {
+        let max_depth = max_depth.min(rates.len());
+        let mut width: Vec<usize> = Vec::with_capacity(max_depth);
+        let mut expected = vec![1.0];
+        let mut depth = vec![0];
+        for _ in 0..max_drafted {
+            let mut best: Option<(f64, Option<usize>)> = None;
+            let mut consider = |e: f64, at: Option<usize>| {
+                if best.is_none_or(|(b, _)| e > b) {
+                    best = Some((e, at));
+                }
+            };
+            if width.len() < max_depth {
+                width.push(1);
+                consider(expectation(rates, &width, gain), None);
+                width.pop();
+            }
+            for d in 0..width.len() {
+                width[d] += 1;
+                consider(expectation(rates, &width, gain), Some(d));
+                width[d] -= 1;
+            }
+            match best {
+                Some((e, None)) => {
+                    width.push(1);
+                    expected.push(e);
+                }
+                Some((e, Some(d))) => {
+                    width[d] += 1;
+                    expected.push(e);
+                }
+                // max_depth == 0: no node fits.
+                None => expected.push(expected[expected.len() - 1]),
+            }
+            depth.push(width.len());
+        }
+        Shape { expected, depth }
+    }
+}
+
+/// `1 + Σ_d Π_{j≤d} a_j(w_j)` with `a(w) = 1 − (1 − a)(1 − g)^(w−1)`.
+fn expectation(rates: &[f64], width: &[usize], gain: f64) -> f64 {
+    let mut e = 1.0;
+    let mut reach = 1.0;
+    for (&a, &w) in rates.iter().zip(width) {
+        let miss = (1.0 - a) * (1.0 - gain).powi(w.saturating_sub(1) as i32);
+        reach *= 1.0 - miss;
+        e += reach;
+    }
+    e
+}
+
+fn check_unit(field: &'static str, v: f64) -> Result<(), PolicyError> {
+    if (0.0..=1.0).contains(&v) {
+        Ok(())
+    } else {
+        Err(PolicyError::BadConfig {
+            field,
+            value: v,
+            reason: "must be in [0, 1]",
+        })
+    }
+}
