@@ -105,6 +105,12 @@ impl Model {
         })
     }
 
+    /// Bytes of KV cache one token takes across all layers (what a server
+    /// budgets per token of context).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * self.n_layers * self.weights.config.kv_dim() * std::mem::size_of::<f32>()
+    }
+
     /// An empty sequence (KV cache) for this model.
     pub fn new_sequence(&self) -> Sequence {
         Sequence::new(&self.weights.config, self.n_layers)

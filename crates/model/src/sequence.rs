@@ -136,11 +136,6 @@ impl Sequence {
         }
     }
 
-    /// Bytes one token's K and V take across all layers.
-    pub fn bytes_per_token(&self) -> usize {
-        2 * self.k.len() * self.kv_dim * std::mem::size_of::<f32>()
-    }
-
     /// Makes room for `n` staged tokens after the committed prefix.
     pub(crate) fn reserve(&mut self, n: usize) -> Result<()> {
         if let Some(s) = &self.staged {

@@ -52,10 +52,6 @@ impl Inner {
         let tree = run.draft.as_ref().map_or(1, |d| d.max_draft_tokens + 1);
         (run.tokens.len() + run.max_new_tokens + tree).min(self.model.config().max_context)
     }
-
-    fn kv_bytes_per_token(&self) -> usize {
-        2 * self.model.n_layers() * self.model.config().kv_dim() * std::mem::size_of::<f32>()
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -166,7 +162,7 @@ impl v1::verifier_server::Verifier for VerifierService {
                 v.config.max_sessions
             )));
         }
-        let bytes = (v.kv_tokens(&run) * v.kv_bytes_per_token()) as u64;
+        let bytes = (v.kv_tokens(&run) * v.model.kv_bytes_per_token()) as u64;
         let reservation = v
             .memory
             .reserve(bytes)
