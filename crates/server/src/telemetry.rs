@@ -1,15 +1,36 @@
 //! Tracing: `tracing` spans, bridged to OpenTelemetry so every span has a
 //! trace id and the W3C `traceparent` travels in gRPC metadata on every hop.
-//! Exporting (OTLP) only has to be added to the provider built here.
+//! With `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) set, spans
+//! are exported over OTLP/gRPC.
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{ExporterBuildError, SpanExporter};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
+
+/// The variables that turn exporting on, the signal-specific one first (it
+/// wins, as in the OpenTelemetry spec, and as the exporter resolves it).
+const ENDPOINT_VARS: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+];
+
+/// Crates that run inside the exporter itself: a span of theirs, exported,
+/// would make another export, and so on forever.
+const EXPORTER_CRATES: [&str; 6] = [
+    "h2",
+    "hyper",
+    "hyper_util",
+    "tonic",
+    "tower",
+    "opentelemetry",
+];
 
 /// Keeps the tracer provider alive; dropping it flushes spans.
 #[derive(Debug)]
@@ -19,34 +40,91 @@ pub struct Telemetry {
 
 impl Drop for Telemetry {
     fn drop(&mut self) {
+        // Bounded by the SDK (5 s), so a collector that is gone cannot
+        // hold up the exit past a shutdown grace period.
         let _ = self.provider.shutdown();
     }
 }
 
+/// Where spans go, decided before logging exists and logged after.
+enum Export {
+    Off,
+    To(String),
+    Failed(String, ExporterBuildError),
+}
+
 /// Installs logging (stderr, filter from `SPECMESH_LOG`, default `info`) and
-/// the OpenTelemetry bridge for `service`.
+/// the OpenTelemetry bridge for `service` (filter from `SPECMESH_TRACE`,
+/// default `info`). Must run inside a Tokio runtime: the OTLP exporter's
+/// channel lives on it.
 pub fn init(service: &'static str) -> Telemetry {
-    let provider = SdkTracerProvider::builder()
-        .with_resource(
-            opentelemetry_sdk::Resource::builder()
-                .with_service_name(service)
-                .build(),
-        )
-        .build();
+    let mut builder = SdkTracerProvider::builder().with_resource(
+        opentelemetry_sdk::Resource::builder()
+            .with_service_name(service)
+            .build(),
+    );
+    let export = match otlp_endpoint() {
+        None => Export::Off,
+        // The batch processor exports from its own thread and drops spans
+        // when its queue is full, so a slow or absent collector never
+        // blocks a request. (The simple processor, exporting inline, hung
+        // the first handler that ended a span.)
+        Some(endpoint) => match SpanExporter::builder().with_tonic().build() {
+            Ok(exporter) => {
+                builder = builder.with_batch_exporter(exporter);
+                Export::To(endpoint)
+            }
+            Err(e) => Export::Failed(endpoint, e),
+        },
+    };
+    let provider = builder.build();
     let tracer = provider.tracer(service);
-    let filter = EnvFilter::try_from_env("SPECMESH_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let log_filter =
+        EnvFilter::try_from_env("SPECMESH_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_subscriber::registry()
-        .with(filter)
         .with(
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
                 // Colours only on a terminal: log collectors get plain text.
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .with_target(false),
+                .with_target(false)
+                .with_filter(log_filter),
         )
-        .with(tracing_opentelemetry::layer().with_tracer(tracer))
+        // A filter of its own: quieter logs must not switch spans off, or
+        // no trace context would be left to propagate.
+        .with(
+            tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_filter(trace_filter()),
+        )
         .try_init();
+    match export {
+        Export::Off => {}
+        Export::To(endpoint) => {
+            tracing::info!(%endpoint, service, "exporting spans over OTLP/gRPC");
+        }
+        Export::Failed(endpoint, error) => {
+            tracing::warn!(%endpoint, %error, "not exporting spans: invalid OTLP exporter settings");
+        }
+    }
     Telemetry { provider }
+}
+
+/// The collector's URL when exporting is asked for; an empty variable
+/// counts as unset.
+fn otlp_endpoint() -> Option<String> {
+    ENDPOINT_VARS
+        .iter()
+        .find_map(|var| std::env::var(var).ok().filter(|v| !v.trim().is_empty()))
+}
+
+fn trace_filter() -> EnvFilter {
+    let filter =
+        EnvFilter::try_from_env("SPECMESH_TRACE").unwrap_or_else(|_| EnvFilter::new("info"));
+    EXPORTER_CRATES.iter().fold(filter, |f, krate| {
+        // A crate name followed by `=off` is always a valid directive.
+        f.add_directive(format!("{krate}=off").parse().unwrap())
+    })
 }
 
 struct MetadataInjector<'a>(&'a mut tonic::metadata::MetadataMap);

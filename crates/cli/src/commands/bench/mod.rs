@@ -1,0 +1,369 @@
+//! `specmesh bench`: Spec-Bench through the gateway, speculation against
+//! plain decoding of the same model on the same machine.
+//!
+//! The per-category pass runs one request at a time with the configurations
+//! interleaved prompt by prompt (A B A B …), so machine drift hits all of
+//! them alike; one warm-up request is not counted. The concurrency sweep then
+//! runs waves of `n` clients, off and auto alternating. Greedy outputs with
+//! speculation, and at every concurrency, must equal the one-at-a-time output
+//! without speculation: any difference is a failure (non-zero exit), not a
+//! footnote. llama.cpp runs as an optional peer on the same prompts.
+
+mod gateway;
+mod in_process;
+mod peer;
+mod plot;
+mod report;
+mod sweep;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use specmesh_proto::v1::generation_client::GenerationClient;
+
+use crate::commands::up::Mesh;
+use crate::local::ModelArgs;
+use crate::specbench::{Question, Selection};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    select: Selection,
+    /// A running gateway; without it, --up starts the system here.
+    #[arg(long, env = "SPECMESH_GATEWAY", conflicts_with = "up")]
+    gateway: Option<String>,
+    /// Start verifier, drafter and gateway on loopback for the run.
+    #[arg(long)]
+    up: bool,
+    /// New tokens per request (greedy).
+    #[arg(long, default_value_t = 128)]
+    max_new_tokens: u32,
+    /// Concurrency levels to sweep, e.g. `1,4,16`. Level 1 is the
+    /// per-category pass, which always runs.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    concurrency: Vec<usize>,
+    /// Also run both configurations in this process (no gRPC), to measure
+    /// what the distributed loop costs per round.
+    #[arg(long)]
+    in_process: bool,
+    /// Also run llama.cpp (plain, and its prompt-lookup speculation) on the
+    /// same prompts, interleaved with ours. Set it up with
+    /// tools/bench/setup.sh.
+    #[arg(long)]
+    peer: bool,
+    /// The Python that has llama_cpp (default: the venv tools/bench/setup.sh
+    /// makes).
+    #[arg(long, env = "SPECMESH_PEER_PYTHON")]
+    peer_python: Option<PathBuf>,
+    /// Write every raw number as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write speedup and τ per category and tok/s against concurrency as an
+    /// SVG to this file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Config {
+    Off,
+    Auto,
+    InProcessOff,
+    InProcessAuto,
+    PeerPlain,
+    PeerLookup,
+}
+
+impl Config {
+    fn name(self) -> &'static str {
+        match self {
+            Config::Off => "off",
+            Config::Auto => "auto",
+            Config::InProcessOff => "in-process off",
+            Config::InProcessAuto => "in-process auto",
+            Config::PeerPlain => "llama.cpp",
+            Config::PeerLookup => "llama.cpp lookup",
+        }
+    }
+
+    /// Ours must reproduce plain greedy decoding bit for bit; the peer has
+    /// its own numerics, so its agreement is reported, not required.
+    fn must_match(self) -> bool {
+        !matches!(self, Config::PeerPlain | Config::PeerLookup)
+    }
+}
+
+/// One request's numbers.
+#[derive(Clone, Debug, Serialize)]
+struct Run {
+    question: String,
+    category: String,
+    config: Config,
+    tokens: Vec<u32>,
+    completion_tokens: usize,
+    wall_seconds: f64,
+    /// From the first token to the last.
+    decode_seconds: f64,
+    ttft_seconds: f64,
+    /// Per-token gaps between streamed chunks (a chunk's tokens share its gap).
+    inter_token_seconds: Vec<f64>,
+    verify_steps: u32,
+    drafted_tokens: u32,
+    accepted_tokens: u32,
+}
+
+#[derive(Serialize)]
+struct Report {
+    max_new_tokens: u32,
+    questions: usize,
+    peer: Option<String>,
+    mismatches: Vec<String>,
+    /// Prompts where llama.cpp's greedy tokens equal ours (its numerics
+    /// differ, so near-ties may go the other way).
+    peer_agreement: Option<usize>,
+    summary: report::Summary,
+    runs: Vec<Run>,
+    waves: Vec<sweep::Wave>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if let Some(&bad) = args.concurrency.iter().find(|&&n| n == 0 || n > 256) {
+        bail!("--concurrency {bad}: each level must be in 1..=256");
+    }
+    // The peer first: a missing setup should fail before minutes of start-up.
+    let peer = if args.peer {
+        let python = args
+            .peer_python
+            .clone()
+            .unwrap_or_else(peer::default_python);
+        let threads = args
+            .model
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        Some(peer::Peer::start(
+            &python,
+            &args.model.path()?,
+            threads,
+            args.model.load_tokenizer()?,
+        )?)
+    } else {
+        None
+    };
+    let questions = args.select.load()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let mesh = if args.up {
+            Some(
+                Mesh::start(
+                    args.model.path()?,
+                    args.model.threads,
+                    "127.0.0.1:0".parse()?,
+                    1,
+                    1,
+                    Duration::from_secs(300),
+                )
+                .await?,
+            )
+        } else {
+            None
+        };
+        let url = match (&args.gateway, &mesh) {
+            (Some(u), _) => u.clone(),
+            (None, Some(m)) => m.gateway.url(),
+            (None, None) => bail!("pass --gateway URL or --up"),
+        };
+        let result = bench(&args, &questions, &url, peer).await;
+        if let Some(m) = mesh {
+            m.stop().await?;
+        }
+        result
+    })
+}
+
+async fn bench(
+    args: &Args,
+    questions: &[Question],
+    url: &str,
+    mut peer: Option<peer::Peer>,
+) -> Result<()> {
+    let mut client = GenerationClient::connect(url.to_string())
+        .await
+        .with_context(|| format!("connecting to the gateway at {url}"))?;
+    let local = if args.in_process {
+        Some(in_process::InProcess::load(&args.model)?)
+    } else {
+        None
+    };
+    let mut configs = vec![Config::Off, Config::Auto];
+    if local.is_some() {
+        configs.extend([Config::InProcessOff, Config::InProcessAuto]);
+    }
+    if peer.is_some() {
+        configs.extend([Config::PeerPlain, Config::PeerLookup]);
+    }
+    let levels: Vec<usize> = args
+        .concurrency
+        .iter()
+        .copied()
+        .filter(|&n| n > 1)
+        .collect();
+    let total = questions.len() * configs.len()
+        + levels
+            .iter()
+            .map(|&n| 2 * sweep::waves(questions.len(), n))
+            .sum::<usize>();
+    let bar = ProgressBar::new(total as u64).with_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    // A fresh tenant per bench run: the drafter's cross-session index must
+    // not remember an earlier run's answers to the same prompts.
+    let tenant = format!(
+        "bench-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    );
+
+    // Warm-up: caches, connections, page faults. Not counted.
+    bar.set_message("warm-up");
+    gateway::request(
+        &mut client,
+        &questions[0],
+        Config::Off,
+        args.max_new_tokens,
+        "warm-up",
+    )
+    .await?;
+    if let Some(p) = peer.as_mut() {
+        p.run(&questions[0], Config::PeerPlain, args.max_new_tokens)?;
+    }
+
+    let mut runs = Vec::new();
+    let mut reference: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    let mut mismatches = Vec::new();
+    let mut peer_agreement = 0;
+    for (i, q) in questions.iter().enumerate() {
+        let mut by_config = BTreeMap::new();
+        for &c in &configs {
+            bar.set_message(format!("{} {}", q.category, c.name()));
+            let r = match c {
+                Config::Off | Config::Auto => {
+                    let tenant = format!("{tenant}-c1");
+                    gateway::request(&mut client, q, c, args.max_new_tokens, &tenant).await?
+                }
+                Config::InProcessOff | Config::InProcessAuto => local
+                    .as_ref()
+                    .expect("in-process model")
+                    .run(q, c, args.max_new_tokens)?,
+                Config::PeerPlain | Config::PeerLookup => tokio::task::block_in_place(|| {
+                    peer.as_mut().expect("peer").run(q, c, args.max_new_tokens)
+                })?,
+            };
+            by_config.insert(c, r);
+            bar.inc(1);
+        }
+        let off = by_config[&Config::Off].tokens.clone();
+        for (c, r) in &by_config {
+            if c.must_match() && r.tokens != off {
+                mismatches.push(format!(
+                    "{} ({}): {} differs from off",
+                    q.id(),
+                    q.category,
+                    c.name()
+                ));
+            }
+        }
+        if by_config
+            .get(&Config::PeerPlain)
+            .is_some_and(|r| r.tokens == off)
+        {
+            peer_agreement += 1;
+        }
+        let (o, a) = (&by_config[&Config::Off], &by_config[&Config::Auto]);
+        bar.suspend(|| {
+            eprintln!(
+                "[{}/{}] {:<14} off {:>6.1} tok/s  auto {:>6.1} tok/s  τ {:.2}",
+                i + 1,
+                questions.len(),
+                q.category,
+                o.completion_tokens as f64 / o.wall_seconds,
+                a.completion_tokens as f64 / a.wall_seconds,
+                a.completion_tokens as f64 / f64::from(a.verify_steps.max(1)),
+            )
+        });
+        reference.insert(q.id(), off);
+        runs.extend(by_config.into_values());
+    }
+
+    let mut waves = Vec::new();
+    for &n in &levels {
+        for w in 0..sweep::waves(questions.len(), n) {
+            for c in [Config::Off, Config::Auto] {
+                bar.set_message(format!("concurrency {n}, wave {}, {}", w + 1, c.name()));
+                let wave =
+                    sweep::wave(&client, questions, n, w, c, args.max_new_tokens, &tenant).await?;
+                for r in &wave.runs {
+                    if reference.get(&r.question) != Some(&r.tokens) {
+                        mismatches.push(format!(
+                            "{} ({}): {} at concurrency {n} differs from off at concurrency 1",
+                            r.question,
+                            r.category,
+                            c.name()
+                        ));
+                    }
+                }
+                waves.push(wave);
+                bar.inc(1);
+            }
+        }
+    }
+    bar.finish_and_clear();
+
+    let summary = report::summarize(&runs, &configs, &waves);
+    report::print(&summary, &configs);
+    if let Some(p) = &peer {
+        println!(
+            "\npeer: {}; its greedy output equals ours on {peer_agreement} of {} prompts",
+            p.version,
+            questions.len()
+        );
+    }
+    if let Some(path) = &args.plot {
+        plot::write(path, &summary)?;
+        eprintln!("plot written to {}", path.display());
+    }
+    let report = Report {
+        max_new_tokens: args.max_new_tokens,
+        questions: questions.len(),
+        peer: peer.as_ref().map(|p| p.version.clone()),
+        mismatches: mismatches.clone(),
+        peer_agreement: peer.is_some().then_some(peer_agreement),
+        summary,
+        runs,
+        waves,
+    };
+    if let Some(p) = &args.json {
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if !mismatches.is_empty() {
+        for m in &mismatches {
+            eprintln!("MISMATCH {m}");
+        }
+        bail!(
+            "{} outputs differ from plain decoding: speculation or batching changed the answer",
+            mismatches.len()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,285 @@
+//! What the runs add up to: per-category speedup and τ, per-configuration
+//! latencies, and the concurrency sweep. Computed once, then printed,
+//! plotted and written to JSON from the same numbers.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::sweep::Wave;
+use super::{Config, Run};
+
+#[derive(Default, Clone, Copy)]
+struct Sum {
+    tokens: f64,
+    wall: f64,
+    steps: f64,
+}
+
+impl Sum {
+    fn add(&mut self, r: &Run) {
+        self.tokens += r.completion_tokens as f64;
+        self.wall += r.wall_seconds;
+        self.steps += f64::from(r.verify_steps);
+    }
+
+    fn tok_s(self) -> f64 {
+        self.tokens / self.wall.max(1e-9)
+    }
+
+    fn tau(self) -> f64 {
+        self.tokens / self.steps.max(1.0)
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CategoryRow {
+    pub category: String,
+    pub prompts: usize,
+    /// tok/s per configuration (tokens over summed wall time).
+    pub tok_s: BTreeMap<Config, f64>,
+    /// Auto over off.
+    pub speedup: f64,
+    /// Mean tokens per verify step with speculation (bonus included).
+    pub tau: f64,
+    /// The peer's prompt lookup over its own plain decoding, when it ran.
+    pub peer_lookup_speedup: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ConfigRow {
+    pub config: Config,
+    pub tok_s: f64,
+    pub tau: f64,
+    pub ttft_p50_ms: f64,
+    pub itl_p50_ms: f64,
+    pub itl_p99_ms: f64,
+    pub ms_per_step: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LevelRow {
+    pub concurrency: usize,
+    pub config: Config,
+    pub requests: usize,
+    /// All tokens over the summed wave times.
+    pub aggregate_tok_s: f64,
+    pub latency_p50_s: f64,
+    pub latency_p99_s: f64,
+    pub ttft_p50_ms: f64,
+    pub tau: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub categories: Vec<CategoryRow>,
+    pub configs: Vec<ConfigRow>,
+    pub levels: Vec<LevelRow>,
+}
+
+pub fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+pub fn summarize(runs: &[Run], configs: &[Config], waves: &[Wave]) -> Summary {
+    let mut cats: Vec<String> = Vec::new();
+    for r in runs {
+        if !cats.contains(&r.category) {
+            cats.push(r.category.clone());
+        }
+    }
+    cats.push("overall".into());
+    let mut sums: BTreeMap<(String, Config), Sum> = BTreeMap::new();
+    let mut prompts: BTreeMap<String, usize> = BTreeMap::new();
+    for r in runs {
+        for key in [r.category.clone(), "overall".to_string()] {
+            sums.entry((key.clone(), r.config)).or_default().add(r);
+            if r.config == Config::Off {
+                *prompts.entry(key).or_default() += 1;
+            }
+        }
+    }
+    let get = |c: &str, cfg| sums.get(&(c.to_string(), cfg)).copied();
+    let categories = cats
+        .iter()
+        .map(|c| {
+            let off = get(c, Config::Off).unwrap_or_default();
+            let auto = get(c, Config::Auto).unwrap_or_default();
+            let peer = get(c, Config::PeerPlain).zip(get(c, Config::PeerLookup));
+            CategoryRow {
+                category: c.clone(),
+                prompts: prompts.get(c).copied().unwrap_or(0),
+                tok_s: configs
+                    .iter()
+                    .filter_map(|&cfg| get(c, cfg).map(|s| (cfg, s.tok_s())))
+                    .collect(),
+                speedup: auto.tok_s() / off.tok_s().max(1e-9),
+                tau: auto.tau(),
+                peer_lookup_speedup: peer.map(|(p, l)| l.tok_s() / p.tok_s().max(1e-9)),
+            }
+        })
+        .collect();
+    let configs = configs
+        .iter()
+        .map(|&cfg| {
+            let rs: Vec<&Run> = runs.iter().filter(|r| r.config == cfg).collect();
+            let itl: Vec<f64> = rs
+                .iter()
+                .flat_map(|r| r.inter_token_seconds.iter().copied())
+                .collect();
+            let s = get("overall", cfg).unwrap_or_default();
+            let decode: f64 = rs.iter().map(|r| r.decode_seconds).sum();
+            ConfigRow {
+                config: cfg,
+                tok_s: s.tok_s(),
+                tau: s.tau(),
+                ttft_p50_ms: percentile(rs.iter().map(|r| r.ttft_seconds).collect(), 0.5) * 1e3,
+                itl_p50_ms: percentile(itl.clone(), 0.5) * 1e3,
+                itl_p99_ms: percentile(itl, 0.99) * 1e3,
+                ms_per_step: decode / s.steps.max(1.0) * 1e3,
+            }
+        })
+        .collect();
+    Summary {
+        categories,
+        configs,
+        levels: levels(runs, waves),
+    }
+}
+
+/// Concurrency 1 is the interleaved per-prompt pass itself; higher levels
+/// come from the waves.
+fn levels(runs: &[Run], waves: &[Wave]) -> Vec<LevelRow> {
+    let mut out = Vec::new();
+    for cfg in [Config::Off, Config::Auto] {
+        let rs: Vec<&Run> = runs.iter().filter(|r| r.config == cfg).collect();
+        if !rs.is_empty() {
+            out.push(level_row(
+                1,
+                cfg,
+                &rs,
+                rs.iter().map(|r| r.wall_seconds).sum(),
+            ));
+        }
+    }
+    let mut keys: Vec<(usize, Config)> = waves.iter().map(|w| (w.concurrency, w.config)).collect();
+    keys.sort();
+    keys.dedup();
+    for (n, cfg) in keys {
+        let ws: Vec<&Wave> = waves
+            .iter()
+            .filter(|w| w.concurrency == n && w.config == cfg)
+            .collect();
+        let rs: Vec<&Run> = ws.iter().flat_map(|w| &w.runs).collect();
+        out.push(level_row(
+            n,
+            cfg,
+            &rs,
+            ws.iter().map(|w| w.wall_seconds).sum(),
+        ));
+    }
+    out
+}
+
+fn level_row(n: usize, cfg: Config, rs: &[&Run], wall: f64) -> LevelRow {
+    let mut s = Sum::default();
+    for r in rs {
+        s.add(r);
+    }
+    LevelRow {
+        concurrency: n,
+        config: cfg,
+        requests: rs.len(),
+        aggregate_tok_s: s.tokens / wall.max(1e-9),
+        latency_p50_s: percentile(rs.iter().map(|r| r.wall_seconds).collect(), 0.5),
+        latency_p99_s: percentile(rs.iter().map(|r| r.wall_seconds).collect(), 0.99),
+        ttft_p50_ms: percentile(rs.iter().map(|r| r.ttft_seconds).collect(), 0.5) * 1e3,
+        tau: s.tau(),
+    }
+}
+
+pub fn print(summary: &Summary, configs: &[Config]) {
+    let peer = configs.contains(&Config::PeerPlain);
+    println!();
+    print!(
+        "{:<16} {:>7} {:>10} {:>10} {:>8} {:>6}",
+        "category", "prompts", "off tok/s", "auto tok/s", "speedup", "τ"
+    );
+    if peer {
+        print!(
+            " {:>11} {:>11} {:>8}",
+            "llama tok/s", "lookup tok/s", "lookup"
+        );
+    }
+    println!();
+    for row in &summary.categories {
+        let t = |cfg| row.tok_s.get(&cfg).copied().unwrap_or(0.0);
+        print!(
+            "{:<16} {:>7} {:>10.1} {:>10.1} {:>7.2}x {:>6.2}",
+            row.category,
+            row.prompts,
+            t(Config::Off),
+            t(Config::Auto),
+            row.speedup,
+            row.tau
+        );
+        if peer {
+            print!(
+                " {:>11.1} {:>11.1} {:>7.2}x",
+                t(Config::PeerPlain),
+                t(Config::PeerLookup),
+                row.peer_lookup_speedup.unwrap_or(0.0)
+            );
+        }
+        println!();
+    }
+    println!();
+    for c in &summary.configs {
+        println!(
+            "{:<16} {:>7.1} tok/s  τ {:.2}  TTFT p50 {:>6.1} ms  ITL p50 {:>5.2} ms p99 {:>5.2} ms  {:.2} ms per step",
+            c.config.name(),
+            c.tok_s,
+            c.tau,
+            c.ttft_p50_ms,
+            c.itl_p50_ms,
+            c.itl_p99_ms,
+            c.ms_per_step,
+        );
+    }
+    if summary.levels.iter().any(|l| l.concurrency > 1) {
+        println!();
+        println!(
+            "{:>11} {:<6} {:>8} {:>10} {:>8} {:>12} {:>12} {:>6}",
+            "concurrency",
+            "config",
+            "requests",
+            "agg tok/s",
+            "vs off",
+            "latency p50",
+            "latency p99",
+            "τ"
+        );
+        for l in &summary.levels {
+            let off = summary
+                .levels
+                .iter()
+                .find(|o| o.concurrency == l.concurrency && o.config == Config::Off)
+                .map_or(0.0, |o| o.aggregate_tok_s);
+            println!(
+                "{:>11} {:<6} {:>8} {:>10.1} {:>7.2}x {:>11.2}s {:>11.2}s {:>6.2}",
+                l.concurrency,
+                l.config.name(),
+                l.requests,
+                l.aggregate_tok_s,
+                l.aggregate_tok_s / off.max(1e-9),
+                l.latency_p50_s,
+                l.latency_p99_s,
+                l.tau,
+            );
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! `specmesh bench` end to end: it starts the three services itself, runs
+//! the interleaved pass and a concurrency sweep on the real model, checks
+//! that every output equals plain decoding, and writes its JSON and plot.
+
+use std::ffi::OsStr;
+
+use specmesh_e2e::{model_path, run_with_env};
+
+const QUESTIONS: &str = r#"{"question_id": "t1", "category": "translation", "turns": ["Translate to German: The train leaves at seven in the morning."]}
+{"question_id": "s1", "category": "summarization", "turns": ["Summarize in one sentence: The city council voted to extend the bike lanes downtown after a year of record ridership."]}
+{"question_id": "c1", "category": "coding", "turns": ["Write a Python function that returns the sum of a list of numbers."]}
+"#;
+
+fn env() -> Vec<(&'static str, &'static OsStr)> {
+    vec![
+        // The cost curve measured here (README); calibrating at every start
+        // would only add seconds.
+        (
+            "SPECMESH_COST_CURVE",
+            OsStr::new("1:1,2:1.26,4:1.85,8:2.99,16:5.02,32:9.5,64:18"),
+        ),
+        ("SPECMESH_THREADS", OsStr::new("2")),
+        ("SPECMESH_LOG", OsStr::new("warn")),
+    ]
+}
+
+#[test]
+fn bench_sweeps_concurrency_checks_identity_and_writes_json_and_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let questions = dir.path().join("q.jsonl");
+    std::fs::write(&questions, QUESTIONS).unwrap();
+    let (json, svg) = (dir.path().join("b.json"), dir.path().join("b.svg"));
+    let out = run_with_env(
+        [
+            OsStr::new("bench"),
+            OsStr::new("--up"),
+            OsStr::new("--model"),
+            model_path().as_os_str(),
+            OsStr::new("--questions"),
+            questions.as_os_str(),
+            OsStr::new("--max-new-tokens"),
+            OsStr::new("24"),
+            OsStr::new("--concurrency"),
+            OsStr::new("1,3"),
+            OsStr::new("--json"),
+            json.as_os_str(),
+            OsStr::new("--plot"),
+            svg.as_os_str(),
+        ],
+        &env(),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed:\n{stderr}\n{stdout}");
+    for cat in ["translation", "summarization", "coding", "overall"] {
+        assert!(stdout.contains(cat), "no {cat} row in the table:\n{stdout}");
+    }
+    assert!(
+        stdout.contains("agg tok/s"),
+        "no concurrency table:\n{stdout}"
+    );
+
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["mismatches"].as_array().unwrap().len(), 0);
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3 * 2, "off and auto for each of 3 prompts");
+    for r in runs {
+        let n = r["completion_tokens"].as_u64().unwrap();
+        assert!((1..=24).contains(&n), "{r}");
+        assert!(r["wall_seconds"].as_f64().unwrap() > 0.0);
+    }
+    // At concurrency 3 all three prompts run together, off then auto, and
+    // each must equal its one-at-a-time greedy output token for token.
+    let waves = report["waves"].as_array().unwrap();
+    assert_eq!(waves.len(), 2);
+    for w in waves {
+        assert_eq!(w["concurrency"], 3);
+        assert_eq!(w["runs"].as_array().unwrap().len(), 3);
+        for r in w["runs"].as_array().unwrap() {
+            let alone = runs
+                .iter()
+                .find(|a| a["question"] == r["question"] && a["config"] == "off")
+                .unwrap();
+            assert_eq!(r["tokens"], alone["tokens"], "{}", r["question"]);
+        }
+    }
+    let levels = report["summary"]["levels"].as_array().unwrap();
+    let level_keys: Vec<(u64, &str)> = levels
+        .iter()
+        .map(|l| {
+            (
+                l["concurrency"].as_u64().unwrap(),
+                l["config"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        level_keys,
+        [(1, "off"), (1, "auto"), (3, "off"), (3, "auto")]
+    );
+    for l in levels {
+        assert!(l["aggregate_tok_s"].as_f64().unwrap() > 0.0, "{l}");
+    }
+
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg"), "not an SVG");
+    for text in [
+        "Speedup over plain decoding",
+        "against concurrency",
+        "translation",
+    ] {
+        assert!(svg.contains(text), "the plot has no {text:?}");
+    }
+}
+
+#[test]
+fn bench_refuses_bad_options_with_a_message_that_says_what_to_do() {
+    let out = run_with_env(
+        [
+            OsStr::new("bench"),
+            OsStr::new("--up"),
+            OsStr::new("--model"),
+            model_path().as_os_str(),
+            OsStr::new("--peer"),
+            OsStr::new("--peer-python"),
+            OsStr::new("/nonexistent/python"),
+        ],
+        &env(),
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("tools/bench/setup.sh"), "{stderr}");
+
+    let out = run_with_env(["bench", "--up", "--concurrency", "1,0"], &env());
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--concurrency 0"), "{stderr}");
+}
