@@ -36,6 +36,10 @@ def main() -> None:
             n_threads=args.threads,
             n_threads_batch=args.threads,
             draft_model=draft,
+            # A draft model needs logits at every position; llama-cpp-python
+            # sizes its logits buffer from this flag alone, so without it a
+            # prompt over n_batch (512) tokens overflows the buffer.
+            logits_all=draft is not None,
             verbose=False,
         )
 
@@ -60,38 +64,46 @@ def main() -> None:
         if not line.strip():
             continue
         req = json.loads(line)
-        llm = models[req["mode"]]
-        eos = set(req.get("eos", [])) | {llm.token_eos()}
-        tokens = []
-        t0 = time.perf_counter()
-        first = last = None
-        # No prompt-prefix reuse between requests: the gateway (without a
-        # session id) prefills every prompt in full, so the peer does too.
-        llm.reset()
-        forwards["n"] = 0
-        prefill_forwards = 0
-        for tok in llm.generate(
-            req["prompt_tokens"], top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
-            repeat_penalty=1.0, reset=True,
-        ):
-            now = time.perf_counter()
-            if first is None:
-                first = now
-                prefill_forwards = forwards["n"]
-            last = now
-            if tok in eos:  # like the gateway: EOS ends, it is not output
-                break
-            tokens.append(tok)
-            if len(tokens) >= req["max_new_tokens"]:
-                break
-        wall = time.perf_counter() - t0
-        print(json.dumps({
-            "tokens": tokens,
-            "wall_seconds": wall,
-            "ttft_seconds": (first or t0) - t0,
-            "decode_seconds": (last or t0) - (first or t0),
-            "verify_steps": max(forwards["n"] - prefill_forwards, 0) + (1 if tokens else 0),
-        }), flush=True)
+        try:
+            answer = generate(models[req["mode"]], req, forwards)
+        except Exception as e:  # one bad request must not kill the run
+            answer = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(answer), flush=True)
+
+
+def generate(llm, req, forwards):
+    """Greedy decoding of one request, timed."""
+    eos = set(req.get("eos", [])) | {llm.token_eos()}
+    tokens = []
+    t0 = time.perf_counter()
+    first = last = None
+    # No prompt-prefix reuse between requests: the gateway (without a
+    # session id) prefills every prompt in full, so the peer does too.
+    llm.reset()
+    forwards["n"] = 0
+    prefill_forwards = 0
+    for tok in llm.generate(
+        req["prompt_tokens"], top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+        repeat_penalty=1.0, reset=True,
+    ):
+        now = time.perf_counter()
+        if first is None:
+            first = now
+            prefill_forwards = forwards["n"]
+        last = now
+        if tok in eos:  # like the gateway: EOS ends, it is not output
+            break
+        tokens.append(tok)
+        if len(tokens) >= req["max_new_tokens"]:
+            break
+    wall = time.perf_counter() - t0
+    return {
+        "tokens": tokens,
+        "wall_seconds": wall,
+        "ttft_seconds": (first or t0) - t0,
+        "decode_seconds": (last or t0) - (first or t0),
+        "verify_steps": max(forwards["n"] - prefill_forwards, 0) + (1 if tokens else 0),
+    }
 
 
 if __name__ == "__main__":

@@ -298,7 +298,7 @@ async fn bench(
                 q.category,
                 o.completion_tokens as f64 / o.wall_seconds,
                 a.completion_tokens as f64 / a.wall_seconds,
-                a.completion_tokens as f64 / f64::from(a.verify_steps.max(1)),
+                f64::from(a.verify_steps + a.accepted_tokens) / f64::from(a.verify_steps.max(1)),
             )
         });
         reference.insert(q.id(), off);

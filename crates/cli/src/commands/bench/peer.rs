@@ -41,6 +41,13 @@ struct Ready {
 }
 
 #[derive(Deserialize)]
+#[serde(untagged)]
+enum Reply {
+    Answer(Answer),
+    Error { error: String },
+}
+
+#[derive(Deserialize)]
 struct Answer {
     tokens: Vec<u32>,
     wall_seconds: f64,
@@ -116,7 +123,10 @@ impl Peer {
         if self.stdout.read_line(&mut line)? == 0 {
             bail!("the peer exited during {}", q.id());
         }
-        let a: Answer = serde_json::from_str(&line).context("reading the peer's answer")?;
+        let a = match serde_json::from_str(&line).context("reading the peer's answer")? {
+            Reply::Answer(a) => a,
+            Reply::Error { error } => bail!("the peer failed on {} ({mode}): {error}", q.id()),
+        };
         Ok(Run {
             question: q.id(),
             category: q.category.clone(),

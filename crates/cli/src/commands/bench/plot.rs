@@ -176,11 +176,12 @@ fn concurrency_panel(area: &Area, summary: &Summary) -> Result<()> {
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d((1f64..max_n.max(2.0) * 1.2).log_scale(), 0f64..max_t)
+        .build_cartesian_2d(0f64..max_n.max(2.0) * 1.08, 0f64..max_t)
         .map_err(err)?;
     chart
         .configure_mesh()
         .light_line_style(WHITE)
+        .x_labels(12)
         .x_label_formatter(&|x| format!("{x:.0}"))
         .x_desc("concurrent requests")
         .y_desc("tok/s")

@@ -14,6 +14,9 @@ struct Sum {
     tokens: f64,
     wall: f64,
     steps: f64,
+    /// Tokens the target committed: the output plus a final EOS, which
+    /// ends the output but still took its step.
+    committed: f64,
 }
 
 impl Sum {
@@ -21,6 +24,13 @@ impl Sum {
         self.tokens += r.completion_tokens as f64;
         self.wall += r.wall_seconds;
         self.steps += f64::from(r.verify_steps);
+        self.committed += if r.config.must_match() {
+            // Every step commits its accepted tokens plus the target's own.
+            f64::from(r.verify_steps) + f64::from(r.accepted_tokens)
+        } else {
+            // The peer reports no acceptance; its output is what it committed.
+            r.completion_tokens as f64
+        };
     }
 
     fn tok_s(self) -> f64 {
@@ -28,7 +38,7 @@ impl Sum {
     }
 
     fn tau(self) -> f64 {
-        self.tokens / self.steps.max(1.0)
+        self.committed / self.steps.max(1.0)
     }
 }
 
