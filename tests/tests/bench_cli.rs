@@ -29,7 +29,11 @@ fn bench_sweeps_concurrency_checks_identity_and_writes_json_and_plot() {
     let dir = tempfile::tempdir().unwrap();
     let questions = dir.path().join("q.jsonl");
     std::fs::write(&questions, QUESTIONS).unwrap();
-    let (json, svg) = (dir.path().join("b.json"), dir.path().join("b.svg"));
+    let (json, svg, md) = (
+        dir.path().join("b.json"),
+        dir.path().join("b.svg"),
+        dir.path().join("b.md"),
+    );
     let out = run_with_env(
         [
             OsStr::new("bench"),
@@ -46,6 +50,8 @@ fn bench_sweeps_concurrency_checks_identity_and_writes_json_and_plot() {
             json.as_os_str(),
             OsStr::new("--plot"),
             svg.as_os_str(),
+            OsStr::new("--markdown"),
+            md.as_os_str(),
         ],
         &env(),
     );
@@ -56,7 +62,7 @@ fn bench_sweeps_concurrency_checks_identity_and_writes_json_and_plot() {
         assert!(stdout.contains(cat), "no {cat} row in the table:\n{stdout}");
     }
     assert!(
-        stdout.contains("agg tok/s"),
+        stdout.contains("aggregate tok/s"),
         "no concurrency table:\n{stdout}"
     );
 
@@ -101,6 +107,18 @@ fn bench_sweeps_concurrency_checks_identity_and_writes_json_and_plot() {
     );
     for l in levels {
         assert!(l["aggregate_tok_s"].as_f64().unwrap() > 0.0, "{l}");
+    }
+
+    let md = std::fs::read_to_string(&md).unwrap();
+    for header in [
+        "| category | prompts |",
+        "| configuration |",
+        "| concurrency |",
+    ] {
+        assert!(
+            md.contains(header),
+            "no {header:?} table in the Markdown:\n{md}"
+        );
     }
 
     let svg = std::fs::read_to_string(&svg).unwrap();

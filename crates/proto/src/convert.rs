@@ -15,6 +15,35 @@ pub enum ConvertError {
         tokens: usize,
         probs: usize,
     },
+    #[error(
+        "span {span} on a tree with {nodes} drafted nodes: only a tree with no nodes stands for more than one step"
+    )]
+    SpanWithNodes { nodes: usize, span: u32 },
+    #[error("span {span} is over the limit of {MAX_TREE_SPAN} steps")]
+    SpanTooLong { span: u32 },
+}
+
+/// Most verify steps one tree with no nodes may stand for (`TokenTree.span`).
+/// A drafter never needs more: past it, one more message per this many steps
+/// costs nothing measurable, and a bound keeps a bad drafter from switching
+/// speculation off for the rest of a session in one message.
+pub const MAX_TREE_SPAN: u32 = 64;
+
+/// How many verify steps a tree received from a drafter stands for,
+/// validated: its `span` (0 read as 1) for a tree with no nodes, at most
+/// [`MAX_TREE_SPAN`]; exactly 1 for a tree with nodes.
+pub fn tree_span(t: &v1::TokenTree) -> Result<u32, ConvertError> {
+    let span = t.span.max(1);
+    if span > 1 && !t.nodes.is_empty() {
+        return Err(ConvertError::SpanWithNodes {
+            nodes: t.nodes.len(),
+            span,
+        });
+    }
+    if span > MAX_TREE_SPAN {
+        return Err(ConvertError::SpanTooLong { span });
+    }
+    Ok(span)
 }
 
 /// Validates a tree received from a drafter.
@@ -76,6 +105,7 @@ pub fn tree_to_wire(tree: &TokenTree, epoch: u64, step: u64) -> v1::TokenTree {
         root_token: tree.root_token(),
         nodes,
         dists,
+        span: 0,
     }
 }
 
@@ -122,5 +152,31 @@ mod tests {
             .collect();
         let err = tree_from_wire(&wire, limits).unwrap_err().to_string();
         assert!(err.contains("over the budget of 8"), "{err}");
+    }
+
+    #[test]
+    fn a_span_is_for_empty_trees_and_bounded() {
+        let mut wire = v1::TokenTree::default();
+        assert_eq!(tree_span(&wire).unwrap(), 1);
+        wire.span = 1;
+        assert_eq!(tree_span(&wire).unwrap(), 1);
+        wire.span = MAX_TREE_SPAN;
+        assert_eq!(tree_span(&wire).unwrap(), MAX_TREE_SPAN);
+        wire.span = MAX_TREE_SPAN + 1;
+        let err = tree_span(&wire).unwrap_err().to_string();
+        assert_eq!(err, "span 65 is over the limit of 64 steps");
+        wire.span = 2;
+        wire.nodes.push(v1::TreeNode {
+            parent: 0,
+            token: 1,
+            score: 0.5,
+        });
+        let err = tree_span(&wire).unwrap_err().to_string();
+        assert!(
+            err.starts_with("span 2 on a tree with 1 drafted nodes"),
+            "{err}"
+        );
+        wire.span = 1;
+        assert_eq!(tree_span(&wire).unwrap(), 1);
     }
 }

@@ -6,7 +6,7 @@
 
 mod convert;
 
-pub use convert::{ConvertError, tree_from_wire, tree_to_wire};
+pub use convert::{ConvertError, MAX_TREE_SPAN, tree_from_wire, tree_span, tree_to_wire};
 
 /// Generated messages, clients and servers of package `specmesh.v1`.
 pub mod v1 {

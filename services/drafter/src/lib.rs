@@ -3,7 +3,9 @@
 //!
 //! A verifier opens one `Drafter.Draft` stream per session, sends the
 //! session's context (`DraftStart`) and then the outcome of every verify
-//! step; the drafter answers each with the tree for the next step. Drafting
+//! step; the drafter answers each with the tree for the next step (a run of
+//! steps it will not speculate at gets one empty tree and one outcome: see
+//! the `session` module). Drafting
 //! is model-free by default (prompt lookup, suffix decoding over the
 //! session and its tenant's earlier outputs, token recycling), so drafter
 //! pods need no accelerator and scale apart from verifiers; a small draft

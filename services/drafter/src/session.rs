@@ -1,5 +1,5 @@
 //! One draft stream's state machine: the session's drafter, its adaptive
-//! policy, its context and the last tree sent.
+//! policy, its context and what it awaits the outcome of.
 //!
 //! ```text
 //!   start ──► plan(1) ─► draft ─► tree step 0
@@ -7,39 +7,61 @@
 //!   outcome{step 1} ──► apply ─► …
 //! ```
 //!
-//! Every applied outcome is answered with exactly one tree, root-only when
-//! the budget is zero, so the verifier never waits on a step the drafter
-//! chose not to speculate. Outcomes arrive in order on one stream, one per
-//! verify step, so the outcome for the last tree's step is the only one
-//! that can be applied:
+//! Every step gets a tree, root-only when the budget is zero, so the
+//! verifier never waits on a step the drafter chose not to speculate.
+//! Outcomes arrive in order on one stream and report every step once, so
+//! the only outcome that can be applied is one that reports the next
+//! unreported step:
 //!
 //! - an outcome for an **earlier** step is stale or duplicated (a verifier
 //!   retrying a send): it is ignored and answered with nothing, since the
 //!   tree for the following step has already been sent;
-//! - an outcome for a **later** step means outcomes were lost and the
-//!   drafter's context no longer matches the verifier's: the stream ends
-//!   with INVALID_ARGUMENT so the verifier can reopen it from a fresh start.
+//! - an outcome for a **later** step, or whose `span` starts after the next
+//!   unreported step, means outcomes were lost and the drafter's context no
+//!   longer matches the verifier's; one whose `span` starts before it
+//!   reports steps twice. Either ends the stream with INVALID_ARGUMENT so
+//!   the verifier can reopen it from a fresh start.
 //!
 //! **Pipelining.** When the policy has already decided not to speculate at
-//! the step after the one being verified, there is nothing to wait for: the
+//! the step after the last tree sent, there is nothing to wait for: the
 //! session sends a tree with no nodes for that step at once, ahead of the
 //! outcome it follows, and the verifier finds it waiting (its root is
-//! ignored). The policy decides once per step either way; a decision to
-//! draft is kept and used when the outcome arrives.
+//! ignored). The policy decides the whole run of steps it will not
+//! speculate at (up to its next probe, at most [`MAX_TREE_SPAN`]) at once,
+//! and the one tree stands for all of them (its `span`): the verifier
+//! verifies the root alone at each, without a message either way, and
+//! reports them in one outcome after the last. A decision to draft is kept
+//! and used when the outcome it waits for arrives.
+//!
+//! ```text
+//!   tree{s} ─► plan_ahead: off for n steps ─► tree{s+1, span n}
+//!   outcome{s} ──► apply: Ahead ─► plan_ahead: probe at s+n+1, kept
+//!   outcome{s+n, span n} ──► apply: Next ─► draft ─► tree{s+n+1} ─► plan_ahead …
+//! ```
+//!
+//! A verifier that reaches a span's tree late has verified its first steps
+//! on its own and reported them one by one; it reports the rest in one
+//! outcome. So the session awaits the outcomes of steps `next..=last` and
+//! applies any piece that starts exactly at `next`.
 //!
 //! The session is plain data with synchronous methods so it can move onto
 //! a blocking thread for a model-drafter propose and back.
 
+mod apply;
+mod report;
+
 use std::time::{Duration, Instant};
 
 use specmesh_draft::{
-    Budget, DraftContext, Drafter, Feedback, PolicyConfig, SpecPolicy, TenantKey, TokenTree,
+    Budget, DraftContext, Drafter, PolicyConfig, SpecPolicy, TenantKey, TokenTree,
 };
-use specmesh_proto::{tree_to_wire, v1};
+use specmesh_proto::{MAX_TREE_SPAN, tree_to_wire, v1};
+
+pub use report::Reported;
 
 use crate::drafters::SessionDrafter;
 use crate::error::SessionError;
-use crate::validate::{Outcome, SessionSpec};
+use crate::validate::SessionSpec;
 
 /// The verifier's batch size assumed for step 0 (the start carries none).
 const FIRST_STEP_BATCH: usize = 1;
@@ -49,10 +71,24 @@ const FIRST_STEP_BATCH: usize = 1;
 pub enum Applied {
     /// Stale or duplicated: nothing changed, nothing to send.
     Ignored,
+    /// Applied; more steps of the same span are to be reported, nothing to
+    /// send.
+    Within(Reported),
     /// Applied; the tree for the next step is due, planned for `batch`.
-    Next { batch: usize, accepted: usize },
-    /// Applied; the next step's tree was sent ahead ("nothing drafted").
-    Ahead { batch: usize, accepted: usize },
+    Next { batch: usize, reported: Reported },
+    /// Applied; the next steps' tree was sent ahead ("nothing drafted").
+    Ahead { batch: usize, reported: Reported },
+}
+
+impl Applied {
+    /// What the outcome reported, unless it was ignored.
+    pub fn reported(&self) -> Option<&Reported> {
+        match self {
+            Applied::Ignored => None,
+            Applied::Within(r) | Applied::Next { reported: r, .. } => Some(r),
+            Applied::Ahead { reported: r, .. } => Some(r),
+        }
+    }
 }
 
 /// The budget of one tree, decided before drafting it.
@@ -73,6 +109,26 @@ pub struct Drafted {
     pub took: Duration,
 }
 
+/// What the session awaits the outcome of.
+#[derive(Debug)]
+enum Awaited {
+    /// A drafted tree (perhaps the root alone) for one step.
+    Tree { step: u64, tree: TokenTree },
+    /// Steps `next..=last` of a tree sent ahead with no nodes: each
+    /// verified the root alone.
+    Span { next: u64, last: u64 },
+}
+
+impl Awaited {
+    /// The first and last step still to be reported.
+    fn steps(&self) -> (u64, u64) {
+        match *self {
+            Awaited::Tree { step, .. } => (step, step),
+            Awaited::Span { next, last } => (next, last),
+        }
+    }
+}
+
 /// A session's drafting state; see the module docs.
 #[derive(Debug)]
 pub struct DraftSession {
@@ -87,14 +143,17 @@ pub struct DraftSession {
     policy: SpecPolicy,
     /// Prompt then committed output; the last token is the next root.
     context: Vec<u32>,
-    /// The last tree sent and its step; `None` before step 0 is drafted.
-    last: Option<(u64, TokenTree)>,
-    /// The step of the next tree to draft.
+    /// What the next outcome reports on; `None` before step 0 is drafted
+    /// and while the tree due is being drafted.
+    awaited: Option<Awaited>,
+    /// The step of the next tree to send: one past every step a tree was
+    /// sent for.
     next_step: u64,
     /// Send "nothing drafted" ahead when the policy says so.
     pipeline: bool,
-    /// A step whose empty tree was sent ahead of its predecessor's outcome.
-    ahead: Option<u64>,
+    /// Steps `first..=last` whose empty tree was sent ahead of the outcome
+    /// that precedes them.
+    ahead: Option<(u64, u64)>,
     /// A decision to draft, taken ahead, for the step after the last tree.
     deferred: Option<Plan>,
 }
@@ -125,7 +184,7 @@ impl DraftSession {
             drafter,
             policy,
             context: spec.tokens,
-            last: None,
+            awaited: None,
             next_step: 0,
             pipeline,
             ahead: None,
@@ -144,77 +203,6 @@ impl DraftSession {
         self.plan(FIRST_STEP_BATCH)
     }
 
-    /// Takes in the verifier's outcome of the last tree's step. Errors end
-    /// the stream with INVALID_ARGUMENT.
-    pub fn apply(&mut self, wire: v1::StepOutcome) -> Result<Applied, SessionError> {
-        let Some((sent_step, tree)) = &self.last else {
-            return Err(SessionError::Internal(
-                "an outcome was applied before the first tree was drafted".into(),
-            ));
-        };
-        let sent_step = *sent_step;
-        if wire.step < sent_step {
-            return Ok(Applied::Ignored);
-        }
-        if wire.step > sent_step {
-            let reason = format!(
-                "is {}, but the last tree sent was for step {sent_step}: the outcomes of steps \
-                 {sent_step}..{} are missing",
-                wire.step, wire.step
-            );
-            return Err(SessionError::invalid("outcome.step", reason));
-        }
-        let o = Outcome::from_wire(wire, tree, self.vocab)?;
-        let grown = self.context.len().saturating_add(o.committed.len());
-        if grown > self.max_context {
-            let reason = format!(
-                "would grow the context to {grown} tokens, over the drafter's limit of {}",
-                self.max_context
-            );
-            return Err(SessionError::invalid("outcome.committed", reason));
-        }
-        // An empty path over our root-only tree is that tree's outcome (the
-        // verifier sends no path when nothing was drafted): the root's
-        // top-k still teaches token recycling.
-        let ours: Option<&[usize]> = match o.path.as_slice() {
-            [] if tree.len() == 1 && o.committed.len() == 1 => Some(&[0]),
-            [] => None,
-            path => Some(path),
-        };
-        let accepted = ours.map_or(0, |p| p.len() - 1);
-        if let Some(path) = ours {
-            let feedback = Feedback {
-                tree,
-                path,
-                committed: &o.committed,
-                top_k: &o.top_k,
-            };
-            self.drafter.drafter().observe(&feedback);
-            self.policy.observe_feedback(&feedback);
-        }
-        self.context.extend_from_slice(&o.committed);
-        self.next_step = sent_step + 1;
-        if self.ahead == Some(self.next_step) {
-            // The verifier verifies the root alone at that step: await its
-            // outcome as that of a root-only tree.
-            self.ahead = None;
-            let root = *self.context.last().expect("the context only grows");
-            let limits = Budget::OFF.limits(self.vocab);
-            let tree = TokenTree::root_only(root, limits)
-                .map_err(|e| SessionError::Internal(format!("root-only tree: {e}")))?;
-            self.last = Some((self.next_step, tree));
-            self.next_step += 1;
-            return Ok(Applied::Ahead {
-                batch: o.batch_size,
-                accepted,
-            });
-        }
-        Ok(Applied::Next {
-            batch: o.batch_size,
-            accepted,
-        })
-    }
-
     /// The plan for the tree due now: the decision taken ahead if there is
     /// one, else a fresh one.
     pub fn next_plan(&mut self, batch: usize) -> Plan {
@@ -227,29 +215,34 @@ impl DraftSession {
         }
     }
 
-    /// Decides the step after the last tree sent, ahead of the outcome it
-    /// follows: returns the empty tree to send now when the decision is
-    /// not to speculate, else keeps the decision for [`next_plan`].
+    /// Decides the steps after the last tree sent, ahead of the outcome
+    /// they follow: when the decision is not to speculate, returns the
+    /// empty tree to send now, standing for the whole run of steps the
+    /// policy will not speculate at; else keeps the decision for
+    /// [`next_plan`].
     ///
     /// [`next_plan`]: DraftSession::next_plan
     pub fn plan_ahead(&mut self, batch: usize) -> Option<Drafted> {
-        if !self.pipeline || self.ahead.is_some() || self.deferred.is_some() {
+        if !self.pipeline
+            || self.awaited.is_none()
+            || self.ahead.is_some()
+            || self.deferred.is_some()
+        {
             return None;
         }
-        let step = self.last.as_ref()?.0 + 1;
-        let plan = Plan {
-            step,
-            ..self.plan(batch)
-        };
+        let (plan, span) = self.plan_run(batch, MAX_TREE_SPAN as usize);
         if !plan.budget.is_off() {
             self.deferred = Some(plan);
             return None;
         }
-        self.ahead = Some(step);
+        let last = plan.step + span as u64 - 1;
+        self.ahead = Some((plan.step, last));
+        self.next_step = last + 1;
         Some(Drafted {
             tree: v1::TokenTree {
                 epoch: self.epoch,
-                step,
+                step: plan.step,
+                span: span as u32,
                 ..Default::default()
             },
             nodes: 0,
@@ -260,19 +253,28 @@ impl DraftSession {
     /// Decides the next tree's budget for a verifier batch of `batch`
     /// sessions: the policy's choice, within the verifier's bounds.
     pub fn plan(&mut self, batch: usize) -> Plan {
-        let decided = self.policy.decide(batch.max(1)).budget;
-        let budget = Budget {
-            max_nodes: decided.max_nodes.min(self.max_draft_tokens + 1),
-            max_depth: decided.max_depth.min(self.max_depth),
-        };
-        let budget = if budget.is_off() { Budget::OFF } else { budget };
-        Plan {
-            step: self.next_step,
-            budget,
-        }
+        self.plan_run(batch, 1).0
     }
 
-    /// Drafts the tree for `plan` and remembers it as the last tree sent.
+    /// [`plan`], and when it does not speculate, how many steps from the
+    /// next one on (at most `max_steps`) the policy will not either.
+    ///
+    /// [`plan`]: DraftSession::plan
+    fn plan_run(&mut self, batch: usize, max_steps: usize) -> (Plan, usize) {
+        let (decided, steps) = self.policy.decide_run(batch.max(1), max_steps);
+        let budget = Budget {
+            max_nodes: decided.budget.max_nodes.min(self.max_draft_tokens + 1),
+            max_depth: decided.budget.max_depth.min(self.max_depth),
+        };
+        let budget = if budget.is_off() { Budget::OFF } else { budget };
+        let plan = Plan {
+            step: self.next_step,
+            budget,
+        };
+        (plan, steps)
+    }
+
+    /// Drafts the tree for `plan` and awaits its outcome.
     pub fn draft(&mut self, plan: Plan) -> Result<Drafted, SessionError> {
         let limits = plan.budget.limits(self.vocab);
         // Never empty: the start's tokens were, and the context only grows.
@@ -306,7 +308,11 @@ impl DraftSession {
         };
         let wire = tree_to_wire(&tree, self.epoch, plan.step);
         let nodes = tree.draft_len();
-        self.last = Some((plan.step, tree));
+        self.awaited = Some(Awaited::Tree {
+            step: plan.step,
+            tree,
+        });
+        self.next_step = plan.step + 1;
         Ok(Drafted {
             tree: wire,
             nodes,

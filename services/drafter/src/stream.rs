@@ -2,7 +2,8 @@
 //! `draft_session` span the service opened).
 //!
 //! The task reads the verifier's messages in order, drives the
-//! [`DraftSession`] and sends one tree per applied message. Model-free
+//! [`DraftSession`] and sends the trees it plans: one per applied outcome,
+//! and the empty trees it plans ahead. Model-free
 //! drafting takes microseconds and runs inline; a propose that may run the
 //! draft model moves the session onto a blocking thread and back.
 //!
@@ -30,7 +31,7 @@ use tonic::{Code, Status, Streaming};
 
 use crate::error::SessionError;
 use crate::service::Shared;
-use crate::session::{Applied, DraftSession, Drafted, Plan};
+use crate::session::{Applied, DraftSession, Drafted, Plan, Reported};
 use crate::validate::SessionSpec;
 
 /// How long a failed stream waits to hand its error status to a verifier
@@ -51,10 +52,28 @@ enum End {
 /// Per-session tallies for the end-of-session log line.
 #[derive(Debug, Default)]
 struct Tally {
+    /// Trees sent, root-only and empty ones included.
     trees: u64,
+    /// Drafted nodes sent.
     drafted: u64,
+    /// Verify steps reported (a span's outcome reports several).
+    steps: u64,
+    /// Steps that verified a tree of ours with at least one node.
+    speculative_steps: u64,
+    /// Speculative steps that accepted their tree's most likely full path
+    /// entirely.
+    best_path_hits: u64,
     accepted: u64,
     ignored: u64,
+}
+
+impl Tally {
+    fn add(&mut self, r: &Reported) {
+        self.steps += r.steps;
+        self.speculative_steps += u64::from(r.speculative);
+        self.best_path_hits += u64::from(r.best_path_hit);
+        self.accepted += r.accepted as u64;
+    }
 }
 
 /// A stream's task; see the module docs.
@@ -105,6 +124,9 @@ impl DraftStream {
                     ?end,
                     trees = tally.trees,
                     drafted = tally.drafted,
+                    steps = tally.steps,
+                    speculative_steps = tally.speculative_steps,
+                    best_path_hits = tally.best_path_hits,
                     accepted = tally.accepted,
                     ignored = tally.ignored,
                     "draft session ended"
@@ -177,16 +199,20 @@ impl DraftStream {
                 Err(status) => return Ok((session, End::Cancelled(status.code()))),
             };
             let step = outcome.step;
-            let batch = match session.apply(outcome)? {
+            let applied = session.apply(outcome)?;
+            if let Some(r) = applied.reported() {
+                self.tally.add(r);
+                self.shared.stats.accepted(r.accepted);
+            }
+            let batch = match applied {
                 Applied::Ignored => {
                     self.tally.ignored += 1;
                     self.shared.stats.stale_outcome();
                     tracing::debug!(step, "ignoring a stale or duplicated outcome");
                     continue;
                 }
-                Applied::Ahead { batch, accepted } => {
-                    self.tally.accepted += accepted as u64;
-                    self.shared.stats.accepted(accepted);
+                Applied::Within(_) => continue,
+                Applied::Ahead { batch, .. } => {
                     if let Some(empty) = session.plan_ahead(batch)
                         && !self.send(empty).await?
                     {
@@ -194,11 +220,7 @@ impl DraftStream {
                     }
                     continue;
                 }
-                Applied::Next { batch, accepted } => {
-                    self.tally.accepted += accepted as u64;
-                    self.shared.stats.accepted(accepted);
-                    batch
-                }
+                Applied::Next { batch, .. } => batch,
             };
             let plan = session.next_plan(batch);
             let (next, drafted) = draft(session, plan).await?;

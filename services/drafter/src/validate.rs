@@ -202,10 +202,58 @@ impl Outcome {
         if !path.is_empty() {
             check_committed_follows_path(&o.committed, &path, tree)?;
         }
-        let top_k = top_k_from_wire(o.top_k, path.len().max(1), vocab)?;
+        let top_k = top_k_from_wire(o.top_k, path.len().max(1), "path node", vocab)?;
         Ok(Outcome {
             step: o.step,
             path,
+            committed: o.committed,
+            top_k,
+            batch_size: (o.batch_size as usize).max(1),
+        })
+    }
+}
+
+/// A validated `StepOutcome` reporting `steps` steps that verified the root
+/// alone, the steps of a tree with no nodes and a `span` (or some of them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpanOutcome {
+    /// One token per step, in order: each step's own.
+    pub committed: Vec<u32>,
+    /// The root's top tokens of each step, in order, as (token,
+    /// log-probability); at most one row per step.
+    pub top_k: Vec<Vec<(u32, f32)>>,
+    /// The verifier's batch size at the last step, at least 1.
+    pub batch_size: usize,
+}
+
+impl SpanOutcome {
+    /// Validates `o`, which reports `steps` root-only steps (at least 1).
+    pub fn from_wire(
+        o: v1::StepOutcome,
+        steps: usize,
+        vocab: u32,
+    ) -> Result<SpanOutcome, SessionError> {
+        // A root-only step's path is its root, which a verifier may name
+        // (`[0]`) or leave out, as it does for any tree with no nodes.
+        let root_path = o.path.is_empty() || (steps == 1 && o.path == [0]);
+        if !root_path {
+            let reason = format!(
+                "is {:?}, but the steps reported verified the root alone: it must be empty",
+                o.path
+            );
+            return Err(SessionError::invalid("outcome.path", reason));
+        }
+        if o.committed.len() != steps {
+            let reason = format!(
+                "has {} tokens, but the outcome reports {steps} steps that verified the root \
+                 alone: one token each",
+                o.committed.len()
+            );
+            return Err(SessionError::invalid("outcome.committed", reason));
+        }
+        check_tokens("outcome.committed", &o.committed, vocab)?;
+        let top_k = top_k_from_wire(o.top_k, steps, "step reported", vocab)?;
+        Ok(SpanOutcome {
             committed: o.committed,
             top_k,
             batch_size: (o.batch_size as usize).max(1),
@@ -266,14 +314,16 @@ fn check_committed_follows_path(
     Ok(())
 }
 
+/// The top-k rows of an outcome, at most `max_rows`, one per `what`.
 fn top_k_from_wire(
     rows: Vec<v1::TopTokens>,
     max_rows: usize,
+    what: &str,
     vocab: u32,
 ) -> Result<Vec<Vec<(u32, f32)>>, SessionError> {
     if rows.len() > max_rows {
         let reason = format!(
-            "has {} rows, more than the {max_rows} path nodes",
+            "has {} rows, more than {max_rows}: one per {what}",
             rows.len()
         );
         return Err(SessionError::invalid("outcome.top_k", reason));
@@ -388,12 +438,54 @@ mod tests {
 
     fn outcome(path: Vec<u32>, committed: Vec<u32>) -> v1::StepOutcome {
         v1::StepOutcome {
-            step: 0,
             path,
             committed,
-            top_k: Vec::new(),
-            batch_size: 0,
+            ..Default::default()
         }
+    }
+
+    fn row(tokens: Vec<u32>) -> v1::TopTokens {
+        v1::TopTokens {
+            logprobs: vec![-1.0; tokens.len()],
+            tokens,
+        }
+    }
+
+    #[test]
+    fn a_span_outcome_has_one_token_per_step() {
+        let mut w = outcome(vec![], vec![4, 5, 6]);
+        w.top_k = vec![row(vec![4]), row(vec![5, 1]), row(vec![6])];
+        let o = SpanOutcome::from_wire(w, 3, 10).unwrap();
+        assert_eq!(o.committed, [4, 5, 6]);
+        assert_eq!(o.top_k[1], [(5, -1.0), (1, -1.0)]);
+        assert_eq!(o.batch_size, 1);
+        // One step may name its root as the path.
+        assert!(SpanOutcome::from_wire(outcome(vec![0], vec![4]), 1, 10).is_ok());
+    }
+
+    #[test]
+    fn bad_span_outcomes_name_the_field() {
+        let bad = |o, steps| {
+            SpanOutcome::from_wire(o, steps, 10)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(bad(outcome(vec![0], vec![4, 5]), 2).starts_with("`outcome.path` is [0]"));
+        assert!(bad(outcome(vec![0, 1], vec![4]), 1).starts_with("`outcome.path`"));
+        assert!(
+            bad(outcome(vec![], vec![4, 5]), 3)
+                .starts_with("`outcome.committed` has 2 tokens, but the outcome reports 3 steps")
+        );
+        assert_eq!(
+            bad(outcome(vec![], vec![4, 10]), 2),
+            "`outcome.committed[1]` is 10, outside the vocabulary of 10"
+        );
+        let mut w = outcome(vec![], vec![4, 5]);
+        w.top_k = vec![row(vec![1]), row(vec![2]), row(vec![3])];
+        assert_eq!(
+            bad(w, 2),
+            "`outcome.top_k` has 3 rows, more than 2: one per step reported"
+        );
     }
 
     #[test]

@@ -84,8 +84,9 @@ impl DraftLink {
         })
     }
 
-    /// The tree for (`epoch`, `step`), waiting at most `wait`. Trees of
-    /// other epochs or earlier steps are late or duplicated: dropped.
+    /// The tree for (`epoch`, `step`), waiting at most `wait`: one for that
+    /// step, or a span that started earlier and covers it. Trees of other
+    /// epochs or for earlier steps only are late or duplicated: dropped.
     /// `Ok(None)`: no tree in time (verify the root alone).
     pub async fn tree_for(
         &mut self,
@@ -94,12 +95,12 @@ impl DraftLink {
         wait: Duration,
     ) -> Result<Option<v1::TokenTree>, LinkLost> {
         if let Some(t) = self.early.take() {
-            if t.step == step {
-                return Ok(Some(t));
-            }
             if t.step > step {
                 self.early = Some(t);
                 return Ok(None);
+            }
+            if last_step(&t) >= step {
+                return Ok(Some(t));
             }
         }
         let deadline = tokio::time::Instant::now() + wait;
@@ -111,7 +112,7 @@ impl DraftLink {
                 Ok(Ok(None)) => return Err(LinkLost("the drafter closed the stream".into())),
                 Ok(Ok(Some(t))) => t,
             };
-            if tree.epoch != epoch || tree.step < step {
+            if tree.epoch != epoch || last_step(&tree) < step {
                 tracing::debug!(
                     tree_epoch = tree.epoch,
                     tree_step = tree.step,
@@ -128,7 +129,7 @@ impl DraftLink {
         }
     }
 
-    /// Tells the drafter what the target did with a step.
+    /// Tells the drafter what the target did with a step, or a span's.
     pub async fn outcome(&mut self, outcome: v1::StepOutcome) -> Result<(), LinkLost> {
         self.tx
             .send(v1::DraftRequest {
@@ -136,5 +137,42 @@ impl DraftLink {
             })
             .await
             .map_err(|_| LinkLost("the drafter stream is closed".into()))
+    }
+}
+
+/// The last step `tree` stands for: the end of its span for a tree with no
+/// nodes, else its own step (a span on such a tree is refused later, when
+/// the tree is validated).
+fn last_step(tree: &v1::TokenTree) -> u64 {
+    if tree.nodes.is_empty() {
+        tree.step.saturating_add(u64::from(tree.span.max(1)) - 1)
+    } else {
+        tree.step
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_span_covers_its_steps_and_a_drafted_tree_its_own() {
+        let mut tree = v1::TokenTree {
+            step: 5,
+            ..Default::default()
+        };
+        assert_eq!(last_step(&tree), 5);
+        tree.span = 1;
+        assert_eq!(last_step(&tree), 5);
+        tree.span = 4;
+        assert_eq!(last_step(&tree), 8);
+        tree.nodes.push(v1::TreeNode::default());
+        assert_eq!(last_step(&tree), 5);
+        let far = v1::TokenTree {
+            step: u64::MAX - 1,
+            span: 9,
+            ..Default::default()
+        };
+        assert_eq!(last_step(&far), u64::MAX);
     }
 }

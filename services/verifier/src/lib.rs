@@ -14,6 +14,7 @@ pub mod config;
 mod draft_link;
 mod engine;
 mod memory;
+mod report;
 mod service;
 mod session;
 

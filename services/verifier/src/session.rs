@@ -1,12 +1,17 @@
 //! One session's life on the verifier: prefill, then draft → verify →
 //! commit steps, each step's tokens streamed to the gateway and its outcome
 //! to the drafter, until a stop rule, the caller's cancel, or an error.
+//!
+//! A tree with no nodes may stand for a run of steps (its `span`): the
+//! session verifies the root alone at each without waiting for the drafter
+//! or telling it anything, and reports the whole run in one outcome after
+//! its last step. The gateway sees every step as usual.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use specmesh_engine::{Finish, Session, SessionLimits};
-use specmesh_proto::{tree_from_wire, v1};
+use specmesh_proto::{tree_from_wire, tree_span, v1};
 use specmesh_sampling::SamplingParams;
 use specmesh_tree::{TokenTree, TreeLimits, merge};
 use tokio::sync::mpsc;
@@ -15,6 +20,7 @@ use tracing::Instrument;
 
 use crate::draft_link::DraftLink;
 use crate::memory::Reservation;
+use crate::report::Report;
 use crate::service::Inner;
 
 /// A validated `RunRequest`.
@@ -176,8 +182,20 @@ async fn drive_inner(
 
     let _decoding = Gauge::up(&v.decoding);
     let mut step_no = 0u64;
+    // The outcome owed to the drafter: set while a span's steps run.
+    let mut report: Option<Report> = None;
     loop {
-        let tree = next_tree(v, run, &session, &mut link, step_no, max_draft, events).await?;
+        let tree = if report.is_some() {
+            // A later step of a span: the drafter drafts nothing here and
+            // hears of it when the span is over.
+            root_only(v, &session)?
+        } else {
+            let next = next_tree(v, run, &session, &mut link, step_no, max_draft, events).await?;
+            if link.is_some() {
+                report = Some(Report::new(step_no, next.through));
+            }
+            next.tree
+        };
         let drafted = tree.draft_len();
         let top_k = if link.is_some() { v.config.top_k } else { 0 };
         let span = tracing::info_span!(
@@ -216,33 +234,34 @@ async fn drive_inner(
         if step.finish.is_some() {
             return Ok(Some(session));
         }
-        if let Some(l) = link.as_mut() {
-            let v = &step.verification;
-            let outcome = v1::StepOutcome {
-                step: step_no,
-                path: if drafted > 0 {
-                    v.path.iter().map(|&n| n as u32).collect()
-                } else {
-                    Vec::new()
-                },
-                committed: v.committed(),
-                top_k: v
-                    .top_k
-                    .iter()
-                    .map(|row| v1::TopTokens {
-                        tokens: row.iter().map(|t| t.0).collect(),
-                        logprobs: row.iter().map(|t| t.1).collect(),
-                    })
-                    .collect(),
-                batch_size: done.batch_size as u32,
-            };
-            if let Err(e) = l.outcome(outcome).await {
-                tracing::warn!(error = %e, "drafter lost: going on without speculation");
-                link = None;
+        if let (Some(l), Some(r)) = (link.as_mut(), report.as_mut()) {
+            r.add(&step);
+            if r.is_complete() {
+                let outcome = report
+                    .take()
+                    .expect("just added to")
+                    .into_outcome(done.batch_size);
+                if let Err(e) = l.outcome(outcome).await {
+                    tracing::warn!(error = %e, "drafter lost: going on without speculation");
+                    link = None;
+                }
             }
         }
         step_no += 1;
     }
+}
+
+/// The root alone: plain decoding.
+fn root_only(v: &Inner, session: &Session) -> Result<TokenTree, Status> {
+    TokenTree::root_only(session.root(), TreeLimits::new(1, 0, v.vocab))
+        .map_err(|e| Status::internal(e.to_string()))
+}
+
+/// The tree to verify at a step, and the last step the drafter's answer
+/// covers: the step itself, or the last of a span.
+struct NextTree {
+    tree: TokenTree,
+    through: u64,
 }
 
 /// The tree to verify at `step`: the drafter's, validated, or the root
@@ -255,14 +274,14 @@ async fn next_tree(
     step: u64,
     max_draft: usize,
     events: &Events,
-) -> Result<TokenTree, Status> {
-    let room = max_draft.min(session.room(&v.model));
-    let limits = TreeLimits::new(room + 1, v.config.max_tree_depth, v.vocab);
-    let root_only = || {
-        TokenTree::root_only(session.root(), limits).map_err(|e| Status::internal(e.to_string()))
+) -> Result<NextTree, Status> {
+    let alone = |tree| NextTree {
+        tree,
+        through: step,
     };
+    let plain = || root_only(v, session).map(alone);
     let Some(l) = link.as_mut() else {
-        return root_only();
+        return plain();
     };
     let wire = tokio::select! {
         r = l.tree_for(run.epoch, step, v.config.draft_timeout) => r,
@@ -272,19 +291,35 @@ async fn next_tree(
         Ok(Some(w)) => w,
         Ok(None) => {
             tracing::debug!(step, "no tree in time: verifying the root alone");
-            return root_only();
+            return plain();
         }
         Err(e) => {
             tracing::warn!(error = %e, "drafter lost: going on without speculation");
             *link = None;
-            return root_only();
+            return plain();
+        }
+    };
+    let span = match tree_span(&wire) {
+        Ok(span) => span,
+        Err(e) => {
+            tracing::warn!(error = %e, "the drafter sent an invalid tree: dropping the drafter");
+            *link = None;
+            return plain();
         }
     };
     if wire.nodes.is_empty() {
         // "Nothing drafted", possibly sent ahead of the last outcome: its
-        // root is not known to the drafter yet, so it is not checked.
-        return root_only();
+        // root is not known to the drafter yet, so it is not checked. A
+        // span that started before this step (its tree came late) covers
+        // the rest of it.
+        let through = wire.step.saturating_add(u64::from(span) - 1).max(step);
+        return Ok(NextTree {
+            tree: root_only(v, session)?,
+            through,
+        });
     }
+    let room = max_draft.min(session.room(&v.model));
+    let limits = TreeLimits::new(room + 1, v.config.max_tree_depth, v.vocab);
     let full = TreeLimits::new(max_draft + 1, v.config.max_tree_depth, v.vocab);
     let tree = match tree_from_wire(&wire, full) {
         Ok(t) if t.root_token() == session.root() => t,
@@ -295,17 +330,18 @@ async fn next_tree(
                 "the drafter's tree has the wrong root: dropping the drafter"
             );
             *link = None;
-            return root_only();
+            return plain();
         }
         Err(e) => {
             tracing::warn!(error = %e, "the drafter sent an invalid tree: dropping the drafter");
             *link = None;
-            return root_only();
+            return plain();
         }
     };
     if tree.len() > limits.max_nodes {
         // Near the end of the context: keep the best part that fits.
-        return merge(&[&tree], limits).map_err(|e| Status::internal(e.to_string()));
+        let fitted = merge(&[&tree], limits).map_err(|e| Status::internal(e.to_string()))?;
+        return Ok(alone(fitted));
     }
-    Ok(tree)
+    Ok(alone(tree))
 }

@@ -172,7 +172,8 @@ impl Decision {
 /// The adaptive budget of one session: acceptance statistics, the
 /// verifier's cost curve and the exploration counter.
 ///
-/// Call [`SpecPolicy::decide`] once per step and feed each verify step back
+/// Call [`SpecPolicy::decide`] once per step (or [`SpecPolicy::decide_run`]
+/// once per run of steps) and feed each verify step back
 /// with [`SpecPolicy::observe`] (or `observe_feedback`).
 ///
 /// Exploration is deterministic: each step on which the argmax is "off"
@@ -254,9 +255,8 @@ impl SpecPolicy {
             self.off_streak = 0;
             return best;
         }
-        let probe = self.config.probe_nodes.min(self.config.max_nodes - 1);
-        let depth = probe.min(self.config.max_depth);
-        if self.config.probe_interval == 0 || depth == 0 {
+        let depth = self.probe_depth();
+        if depth == 0 {
             return best;
         }
         self.off_streak += 1;
@@ -280,6 +280,42 @@ impl SpecPolicy {
             relative_cost: self.curve.step_cost(depth, batch),
             probe: true,
         }
+    }
+
+    /// Decides this step and, when it does not speculate, the run of steps
+    /// after it that would not either: the same decisions, and the same
+    /// exploration counter afterwards, as calling [`SpecPolicy::decide`]
+    /// once and then again while it answers "off", at most `max_steps`
+    /// calls in all. Returns the first decision (every "off" decision of
+    /// the run is the same) and how many steps it stands for, at least 1.
+    ///
+    /// This lets a drafter tell the verifier about a whole run of plain
+    /// steps at once; the run ends before the next probe.
+    pub fn decide_run(&mut self, batch: usize, max_steps: usize) -> (Decision, usize) {
+        let first = self.decide(batch);
+        if !first.budget.is_off() || max_steps <= 1 {
+            return (first, 1);
+        }
+        // While speculation is off, `decide` changes nothing but the probe
+        // counter, and `best` does not read it: the next decisions differ
+        // from this one only where the counter reaches the interval.
+        if self.probe_depth() == 0 {
+            // Never probing: off for good, and nothing counted.
+            return (first, max_steps);
+        }
+        let left = (self.config.probe_interval - 1).saturating_sub(self.off_streak);
+        let more = left.min(u32::try_from(max_steps - 1).unwrap_or(u32::MAX));
+        self.off_streak += more;
+        (first, 1 + more as usize)
+    }
+
+    /// The depth of a probe tree; 0 when the policy never probes.
+    fn probe_depth(&self) -> usize {
+        if self.config.probe_interval == 0 {
+            return 0;
+        }
+        let probe = self.config.probe_nodes.min(self.config.max_nodes - 1);
+        probe.min(self.config.max_depth)
     }
 
     /// The argmax budget for `batch`, without exploration and without

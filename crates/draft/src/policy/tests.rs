@@ -238,3 +238,66 @@ fn bad_configs_are_refused() {
     assert_eq!(b.limits(100), TreeLimits::new(5, 3, 100));
     assert_eq!(b.drafted(), 4);
 }
+
+#[test]
+fn a_decided_run_equals_deciding_each_step() {
+    let configs = [
+        PolicyConfig::default(),
+        PolicyConfig {
+            probe_interval: 3,
+            ..PolicyConfig::default()
+        },
+        PolicyConfig {
+            probe_interval: 1,
+            ..PolicyConfig::default()
+        },
+        // Never probing: off for good.
+        PolicyConfig {
+            probe_interval: 0,
+            ..PolicyConfig::default()
+        },
+        PolicyConfig {
+            max_nodes: 1,
+            ..PolicyConfig::default()
+        },
+    ];
+    let (mut cases, mut runs) = (0, 0);
+    for config in configs {
+        for rate in [0.0, 0.3, 0.95] {
+            let mut p = SpecPolicy::new(CostCurve::cpu_default(), config.clone()).unwrap();
+            p.stats_mut().set_prior(rate);
+            // Every phase of the probe counter.
+            for _ in 0..20 {
+                for max in [0, 1, 2, 5, 64] {
+                    for batch in [1, 4] {
+                        let mut run = p.clone();
+                        let mut each = p.clone();
+                        let (first, n) = run.decide_run(batch, max);
+                        assert!(n >= 1 && n <= max.max(1), "{n} steps for max {max}");
+                        assert_eq!(first, each.decide(batch));
+                        for i in 1..n {
+                            let d = each.decide(batch);
+                            assert_eq!(d, first, "step {i} of a run of {n}");
+                            assert!(d.budget.is_off());
+                        }
+                        if first.budget.is_off() && n < max {
+                            // The run ends where `decide` would speculate.
+                            assert!(!each.clone().decide(batch).budget.is_off());
+                        }
+                        runs += usize::from(n > 1);
+                        for step in 0..40 {
+                            assert_eq!(run.decide(batch), each.decide(batch), "after: step {step}");
+                        }
+                        cases += 1;
+                    }
+                }
+                p.decide(1);
+            }
+        }
+    }
+    assert_eq!(cases, 5 * 3 * 20 * 5 * 2);
+    assert!(
+        runs > cases / 4,
+        "runs of off steps are exercised: {runs} of {cases}"
+    );
+}

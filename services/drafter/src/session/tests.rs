@@ -32,6 +32,57 @@ fn bounded(
     DraftSession::new(spec, drafter, max_context, false).unwrap()
 }
 
+/// A session under a cost curve on which no tree pays: the policy drafts
+/// nothing but a probe every 16th step.
+fn not_paying(pipeline: bool, max_context: usize) -> DraftSession {
+    let start = v1::DraftStart {
+        session_id: "s".into(),
+        epoch: 7,
+        tokens: repetitive(),
+        prompt_len: 3,
+        vocab_size: 100,
+        max_draft_tokens: 8,
+        max_depth: 6,
+        cost_curve: [(1, 1.0), (2, 100.0), (64, 1000.0)]
+            .into_iter()
+            .map(|(tokens, relative_cost)| v1::CostPoint {
+                tokens,
+                relative_cost,
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let spec = SessionSpec::from_wire(start, 1000).unwrap();
+    assert!(spec.curve_fallback.is_none());
+    let drafter = DrafterSet::new(0, None).for_session(&spec.tenant, spec.vocab);
+    DraftSession::new(spec, drafter, max_context, pipeline).unwrap()
+}
+
+/// The outcome of steps `last + 1 - committed.len() ..= last`, each of
+/// which verified the root alone, with a top-k row per step (in which the
+/// target liked 91 best, whatever it committed).
+fn span_outcome(last: u64, committed: Vec<u32>) -> v1::StepOutcome {
+    v1::StepOutcome {
+        step: last,
+        span: committed.len() as u32,
+        top_k: committed
+            .iter()
+            .map(|&t| v1::TopTokens {
+                tokens: vec![91, t],
+                logprobs: vec![-0.1, -3.0],
+            })
+            .collect(),
+        committed,
+        batch_size: 1,
+        ..Default::default()
+    }
+}
+
+/// A text the prompt does not predict: 40, 41, 42, 40, 41, ...
+fn fresh(n: usize) -> Vec<u32> {
+    (0..n).map(|i| 40 + (i % 3) as u32).collect()
+}
+
 fn first_tree(s: &mut DraftSession) -> v1::TokenTree {
     let plan = s.plan_first();
     s.draft(plan).unwrap().tree
@@ -42,8 +93,8 @@ fn outcome(step: u64, path: Vec<u32>, committed: Vec<u32>) -> v1::StepOutcome {
         step,
         path,
         committed,
-        top_k: Vec::new(),
         batch_size: 1,
+        ..Default::default()
     }
 }
 
@@ -63,13 +114,11 @@ fn an_applied_outcome_extends_the_context_and_moves_to_the_next_step() {
     let tree = first_tree(&mut s);
     let a = tree.nodes[0].token;
     let applied = s.apply(outcome(0, vec![0, 1], vec![a, 1])).unwrap();
-    assert_eq!(
-        applied,
-        Applied::Next {
-            batch: 1,
-            accepted: 1
-        }
-    );
+    let Applied::Next { batch, reported } = applied else {
+        panic!("{applied:?}");
+    };
+    assert_eq!((batch, reported.steps, reported.accepted), (1, 1, 1));
+    assert!(reported.speculative);
     assert_eq!(s.output().last(), Some(&1));
     let next = s.plan(1);
     assert_eq!(next.step, 1);
@@ -95,6 +144,11 @@ fn stale_outcomes_are_ignored_and_future_ones_refused() {
         .unwrap_err()
         .to_string();
     assert!(err.starts_with("`outcome.step` is 3"), "{err}");
+    // One outcome may report one step only here: no span was sent.
+    let mut two = outcome(1, vec![], vec![9, 9]);
+    two.span = 2;
+    let err = s.apply(two).unwrap_err().to_string();
+    assert!(err.starts_with("`outcome.span` is 2"), "{err}");
 }
 
 #[test]
@@ -104,7 +158,9 @@ fn a_zero_token_budget_sends_the_root_alone_every_step() {
     assert!(tree.nodes.is_empty());
     for step in 0..20 {
         let applied = s.apply(outcome(step, vec![], vec![5])).unwrap();
-        assert!(matches!(applied, Applied::Next { accepted: 0, .. }));
+        assert!(
+            matches!(applied, Applied::Next { reported, .. } if reported == Reported::plain(1))
+        );
         let plan = s.plan(1);
         assert!(plan.budget.is_off());
         let tree = s.draft(plan).unwrap().tree;
@@ -164,6 +220,201 @@ fn a_zero_depth_bound_sends_the_root_alone() {
     assert!(s.draft(plan).unwrap().tree.nodes.is_empty());
 }
 
+#[test]
+fn a_run_of_plain_steps_is_sent_ahead_as_one_span() {
+    let mut s = not_paying(true, 1000);
+    let first = first_tree(&mut s);
+    assert_eq!(first.step, 0);
+    assert!(first.nodes.is_empty());
+    // Step 0 was the policy's first "off"; the probe is its 16th decision.
+    let ahead = s.plan_ahead(1).expect("a tree sent ahead").tree;
+    assert_eq!((ahead.epoch, ahead.step, ahead.span), (7, 1, 14));
+    assert!(ahead.nodes.is_empty());
+    assert!(s.plan_ahead(1).is_none(), "one tree ahead at a time");
+
+    let c = fresh(15);
+    let applied = s.apply(outcome(0, vec![], vec![c[0]])).unwrap();
+    assert_eq!(
+        applied,
+        Applied::Ahead {
+            batch: 1,
+            reported: Reported::plain(1)
+        }
+    );
+    // The step after the span probes: kept until the span's outcome.
+    assert!(s.plan_ahead(1).is_none());
+    let applied = s.apply(span_outcome(14, c[1..].to_vec())).unwrap();
+    assert_eq!(
+        applied,
+        Applied::Next {
+            batch: 1,
+            reported: Reported::plain(14)
+        }
+    );
+    assert!(s.output().ends_with(&c));
+    assert_eq!(s.context.len(), repetitive().len() + 15);
+
+    let plan = s.next_plan(1);
+    assert_eq!(plan.step, 15);
+    assert!(!plan.budget.is_off(), "the probe: {plan:?}");
+    let probe = s.draft(plan).unwrap().tree;
+    assert_eq!((probe.step, probe.root_token), (15, c[14]));
+    let next = s.plan_ahead(1).expect("the next run").tree;
+    assert_eq!((next.step, next.span), (16, 15), "probe to probe");
+}
+
+#[test]
+fn a_span_outcome_teaches_what_its_steps_one_by_one_would() {
+    let c = fresh(15);
+    // Without pipelining: one tree and one outcome per step.
+    let mut each = not_paying(false, 1000);
+    first_tree(&mut each);
+    let mut probe_each = None;
+    for step in 0..15 {
+        let applied = each.apply(span_outcome(step, vec![c[step as usize]]));
+        assert!(matches!(applied, Ok(Applied::Next { .. })), "{applied:?}");
+        let plan = each.plan(1);
+        assert_eq!(plan.budget.is_off(), step < 14, "step {step}");
+        let tree = each.draft(plan).unwrap().tree;
+        if step == 14 {
+            probe_each = Some(tree);
+        }
+    }
+    // Pipelined: steps 1..=14 in one span and one outcome.
+    let mut span = not_paying(true, 1000);
+    first_tree(&mut span);
+    span.plan_ahead(1).unwrap();
+    span.apply(span_outcome(0, vec![c[0]])).unwrap();
+    span.apply(span_outcome(14, c[1..].to_vec())).unwrap();
+    let plan = span.next_plan(1);
+    let probe = span.draft(plan).unwrap().tree;
+
+    assert_eq!(span.output(), each.output());
+    assert_eq!(Some(&probe), probe_each.as_ref());
+    // What the drafters learned from the rows shows: the target's 91.
+    assert!(probe.nodes.iter().any(|n| n.token == 91), "{probe:?}");
+}
+
+#[test]
+fn outcomes_inside_a_span_are_applied_in_order_or_ignored() {
+    let mut s = not_paying(true, 1000);
+    first_tree(&mut s);
+    s.plan_ahead(1).unwrap();
+    let c = fresh(15);
+    assert!(matches!(
+        s.apply(outcome(0, vec![], vec![c[0]])),
+        Ok(Applied::Ahead { .. })
+    ));
+    // A duplicate of step 0's outcome.
+    assert_eq!(
+        s.apply(outcome(0, vec![], vec![c[0]])).unwrap(),
+        Applied::Ignored
+    );
+    // A verifier that got the span's tree late reports its first steps on
+    // their own, then the rest.
+    assert_eq!(
+        s.apply(span_outcome(1, vec![c[1]])).unwrap(),
+        Applied::Within(Reported::plain(1))
+    );
+    assert_eq!(
+        s.apply(span_outcome(3, c[2..4].to_vec())).unwrap(),
+        Applied::Within(Reported::plain(2))
+    );
+    let before = s.output().to_vec();
+    // Stale or duplicated reports of steps inside the span change nothing.
+    assert_eq!(
+        s.apply(span_outcome(3, c[2..4].to_vec())).unwrap(),
+        Applied::Ignored
+    );
+    assert_eq!(
+        s.apply(span_outcome(2, vec![c[2]])).unwrap(),
+        Applied::Ignored
+    );
+    assert_eq!(s.output(), before);
+    // Reporting steps twice, or skipping some, is refused and changes
+    // nothing either.
+    let err = s.apply(span_outcome(5, c[1..6].to_vec())).unwrap_err();
+    assert!(
+        err.to_string().starts_with("`outcome.span` is 5")
+            && err.to_string().contains("reported already"),
+        "{err}"
+    );
+    let err = s.apply(span_outcome(14, c[6..].to_vec())).unwrap_err();
+    assert!(err.to_string().contains("but not steps 4..=5"), "{err}");
+    let mut short = span_outcome(14, c[4..].to_vec());
+    short.committed.pop();
+    let err = s.apply(short).unwrap_err().to_string();
+    assert!(
+        err.starts_with("`outcome.committed` has 10 tokens"),
+        "{err}"
+    );
+    assert_eq!(s.output(), before);
+
+    assert_eq!(
+        s.apply(span_outcome(14, c[4..].to_vec())).unwrap(),
+        Applied::Next {
+            batch: 1,
+            reported: Reported::plain(11)
+        }
+    );
+    assert!(s.output().ends_with(&c));
+}
+
+#[test]
+fn an_outcome_past_the_span_is_refused() {
+    let mut s = not_paying(true, 1000);
+    first_tree(&mut s);
+    s.plan_ahead(1).unwrap();
+    s.apply(outcome(0, vec![], vec![40])).unwrap();
+    let err = s.apply(span_outcome(15, fresh(15))).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.to_string()
+            .starts_with("`outcome.step` is 15, but the outcome due reports steps 1..=14"),
+        "{err}"
+    );
+    // Before step 0's outcome, the span's is from the future as well.
+    let mut s = not_paying(true, 1000);
+    first_tree(&mut s);
+    s.plan_ahead(1).unwrap();
+    let err = s
+        .apply(span_outcome(14, fresh(14)))
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("`outcome.step` is 14"), "{err}");
+}
+
+#[test]
+fn a_session_that_never_speculates_sends_spans_of_the_maximum() {
+    let mut s = session(repetitive(), 0, 1000);
+    s.pipeline = true;
+    first_tree(&mut s);
+    let max = u64::from(MAX_TREE_SPAN);
+    let ahead = s.plan_ahead(1).unwrap().tree;
+    assert_eq!((ahead.step, u64::from(ahead.span)), (1, max));
+    s.apply(outcome(0, vec![], vec![40])).unwrap();
+    // Nothing to wait for: the next run goes at once, a span ahead.
+    let next = s.plan_ahead(1).unwrap().tree;
+    assert_eq!((next.step, u64::from(next.span)), (max + 1, max));
+    let applied = s.apply(span_outcome(max, fresh(max as usize))).unwrap();
+    assert!(matches!(applied, Applied::Ahead { .. }), "{applied:?}");
+    let third = s.plan_ahead(1).unwrap().tree;
+    assert_eq!(third.step, 2 * max + 1);
+}
+
+#[test]
+fn a_span_outcome_is_held_to_the_context_limit() {
+    let mut s = not_paying(true, repetitive().len() + 10);
+    first_tree(&mut s);
+    s.plan_ahead(1).unwrap();
+    s.apply(outcome(0, vec![], vec![40])).unwrap();
+    let err = s
+        .apply(span_outcome(14, fresh(14)))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("over the drafter's limit of 24"), "{err}");
+}
+
 mod arbitrary_outcomes {
     use proptest::prelude::*;
 
@@ -171,7 +422,7 @@ mod arbitrary_outcomes {
 
     fn any_outcome() -> impl Strategy<Value = v1::StepOutcome> {
         (
-            0u64..4,
+            (0u64..4, 0u32..3),
             prop::collection::vec(0u32..12, 0..6),
             prop::collection::vec(0u32..110, 0..6),
             prop::collection::vec(
@@ -183,9 +434,10 @@ mod arbitrary_outcomes {
             ),
             any::<u32>(),
         )
-            .prop_map(
-                |(step, path, committed, top_k, batch_size)| v1::StepOutcome {
+            .prop_map(|((step, span), path, committed, top_k, batch_size)| {
+                v1::StepOutcome {
                     step,
+                    span,
                     path,
                     committed,
                     top_k: top_k
@@ -193,8 +445,8 @@ mod arbitrary_outcomes {
                         .map(|(tokens, logprobs)| v1::TopTokens { tokens, logprobs })
                         .collect(),
                     batch_size,
-                },
-            )
+                }
+            })
     }
 
     proptest! {
@@ -227,7 +479,9 @@ mod arbitrary_outcomes {
                         prop_assert!(tree.nodes.len() <= max_draft as usize);
                         prop_assert!(tree.nodes.iter().all(|n| n.token < 100));
                     }
-                    Ok(Applied::Ahead { .. }) => prop_assert!(false, "pipelining is off here"),
+                    Ok(Applied::Ahead { .. } | Applied::Within(_)) => {
+                        prop_assert!(false, "pipelining is off here")
+                    }
                 }
             }
         }

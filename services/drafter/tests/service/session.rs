@@ -58,8 +58,8 @@ async fn a_repetitive_session_gets_its_continuation_drafted_within_the_bounds() 
                 step,
                 path,
                 committed,
-                top_k: Vec::new(),
                 batch_size: 4,
+                ..Default::default()
             })
             .await;
         tree = stream.tree().await;
@@ -85,33 +85,54 @@ async fn a_repetitive_session_gets_its_continuation_drafted_within_the_bounds() 
     drafter.shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_zero_budget_still_answers_every_step_with_the_root_alone() {
-    let drafter = Drafter::start(config()).await;
-    let mut client = drafter.client().await;
-
-    // max_draft_tokens = 0: the verifier wants no speculation at all.
-    let mut len = 30;
-    let mut stream = Stream::start(&mut client, draft_start("", text(0..len), 0, 4)).await;
-    for step in 0..10u64 {
+/// Drives a stream as a verifier would for `steps` steps, taking the
+/// phrase as the target's output: a tree with no nodes and a span stands
+/// for its steps, reported in one outcome. Returns the trees, each checked
+/// to be the next step's.
+async fn drive(stream: &mut Stream, mut len: usize, steps: u64) -> Vec<v1::TokenTree> {
+    let mut trees = Vec::new();
+    let mut step = 0;
+    while step < steps {
         let tree = stream.tree().await;
-        // Trees after the first are sent ahead of their outcome ("nothing
-        // drafted"), before the drafter knows their root.
-        assert_eq!(tree.step, step);
+        assert_eq!(tree.step, step, "every step is covered, once: {tree:?}");
         assert!(step > 0 || tree.root_token == phrase(len - 1));
-        assert!(tree.nodes.is_empty(), "root only: {tree:?}");
+        let span = u64::from(tree.span.max(1));
+        assert!(span == 1 || tree.nodes.is_empty(), "{tree:?}");
+        // No tree in this test is accepted beyond its root.
+        let committed = text(len..len + span as usize);
+        len += committed.len();
+        step += span;
         stream
             .outcome(v1::StepOutcome {
-                step,
-                committed: vec![phrase(len)],
+                step: step - 1,
+                span: span as u32,
+                committed,
+                batch_size: 1,
                 ..Default::default()
             })
             .await;
-        len += 1;
+        trees.push(tree);
     }
+    trees
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_budget_still_covers_every_step_with_the_root_alone() {
+    let drafter = Drafter::start(config()).await;
+    let mut client = drafter.client().await;
+
+    // max_draft_tokens = 0: the verifier wants no speculation at all. Step
+    // 0's tree, then runs of the longest span, sent ahead.
+    let mut stream = Stream::start(&mut client, draft_start("", text(0..30), 0, 4)).await;
+    let trees = drive(&mut stream, 30, 200).await;
+    let spans: Vec<u32> = trees.iter().map(|t| t.span).collect();
+    assert_eq!(spans, [0, 64, 64, 64, 64]);
+    assert!(trees.iter().all(|t| t.nodes.is_empty()));
     stream.close().await;
 
-    // A cost curve under which no tree pays: the policy's budget is zero.
+    // A cost curve under which no tree pays: the policy's budget is zero
+    // but for a probe every 16th step, and the runs between probes are
+    // spans.
     let mut start = draft_start("", text(0..30), 16, 8);
     start.cost_curve = [(1, 1.0), (2, 50.0), (16, 800.0)]
         .into_iter()
@@ -120,25 +141,17 @@ async fn a_zero_budget_still_answers_every_step_with_the_root_alone() {
             relative_cost,
         })
         .collect();
-    let mut len = 30;
     let mut stream = Stream::start(&mut client, start).await;
-    for step in 0..10u64 {
-        let tree = stream.tree().await;
-        assert_eq!(tree.step, step);
-        assert!(step > 0 || tree.root_token == phrase(len - 1));
-        assert!(tree.nodes.is_empty(), "speculation does not pay: {tree:?}");
-        stream
-            .outcome(v1::StepOutcome {
-                step,
-                committed: vec![phrase(len)],
-                batch_size: 1,
-                ..Default::default()
-            })
-            .await;
-        len += 1;
+    let trees = drive(&mut stream, 30, 47).await;
+    let steps: Vec<(u64, u32)> = trees.iter().map(|t| (t.step, t.span)).collect();
+    assert_eq!(
+        steps,
+        [(0, 0), (1, 14), (15, 0), (16, 15), (31, 0), (32, 15)]
+    );
+    for t in &trees {
+        let probe = t.step % 16 == 15;
+        assert_eq!(t.nodes.is_empty(), !probe, "only probes draft: {t:?}");
     }
-    let last = stream.tree().await;
-    assert_eq!(last.step, 10);
     stream.close().await;
     drafter.shutdown().await.unwrap();
 }
@@ -153,7 +166,9 @@ async fn when_nothing_is_drafted_the_next_tree_comes_before_the_outcome() {
     let ahead = stream.tree().await;
     assert_eq!((first.step, ahead.step), (0, 1));
     assert!(first.nodes.is_empty() && ahead.nodes.is_empty());
-    // Step 0's outcome is answered with step 2's tree, again ahead.
+    // It stands for the longest run of steps; step 0's outcome is answered
+    // with the tree of the run after it, again ahead.
+    assert_eq!(ahead.span, 64);
     stream
         .outcome(v1::StepOutcome {
             step: 0,
@@ -161,7 +176,8 @@ async fn when_nothing_is_drafted_the_next_tree_comes_before_the_outcome() {
             ..Default::default()
         })
         .await;
-    assert_eq!(stream.tree().await.step, 2);
+    let next = stream.tree().await;
+    assert_eq!((next.step, next.span), (65, 64));
     stream.close().await;
 
     // Without pipelining, one tree per outcome.
@@ -181,6 +197,6 @@ async fn when_nothing_is_drafted_the_next_tree_comes_before_the_outcome() {
         })
         .await;
     let next = stream.tree().await;
-    assert_eq!((next.step, next.root_token), (1, phrase(30)));
+    assert_eq!((next.step, next.root_token, next.span), (1, phrase(30), 0));
     stream.close().await;
 }

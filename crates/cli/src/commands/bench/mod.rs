@@ -15,6 +15,7 @@ mod peer;
 mod plot;
 mod report;
 mod sweep;
+mod table;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -68,6 +69,9 @@ pub struct Args {
     /// SVG to this file.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Write the printed tables as Markdown to this file (for a README).
+    #[arg(long)]
+    markdown: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -330,13 +334,25 @@ async fn bench(
     bar.finish_and_clear();
 
     let summary = report::summarize(&runs, &configs, &waves);
-    report::print(&summary, &configs);
-    if let Some(p) = &peer {
-        println!(
-            "\npeer: {}; its greedy output equals ours on {peer_agreement} of {} prompts",
+    let tables = report::tables(&summary, &configs);
+    for t in &tables {
+        println!("\n{}", t.text());
+    }
+    let peer_line = peer.as_ref().map(|p| {
+        format!(
+            "peer: {}; its greedy output equals ours on {peer_agreement} of {} prompts",
             p.version,
             questions.len()
-        );
+        )
+    });
+    if let Some(line) = &peer_line {
+        println!("{line}");
+    }
+    if let Some(path) = &args.markdown {
+        let mut md: Vec<String> = tables.iter().map(|t| t.markdown()).collect();
+        md.extend(peer_line.clone());
+        std::fs::write(path, md.join("\n"))
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &args.plot {
         plot::write(path, &summary)?;

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::sweep::Wave;
+use super::table::Table;
 use super::{Config, Run};
 
 #[derive(Default, Clone, Copy)]
@@ -212,84 +213,95 @@ fn level_row(n: usize, cfg: Config, rs: &[&Run], wall: f64) -> LevelRow {
     }
 }
 
-pub fn print(summary: &Summary, configs: &[Config]) {
+/// The run's tables: per category, per configuration, and the
+/// concurrency sweep when one ran.
+pub fn tables(summary: &Summary, configs: &[Config]) -> Vec<Table> {
     let peer = configs.contains(&Config::PeerPlain);
-    println!();
-    print!(
-        "{:<16} {:>7} {:>10} {:>10} {:>8} {:>6}",
-        "category", "prompts", "off tok/s", "auto tok/s", "speedup", "τ"
-    );
+    let mut header = vec![
+        "category",
+        "prompts",
+        "off tok/s",
+        "auto tok/s",
+        "speedup",
+        "τ",
+    ];
     if peer {
-        print!(
-            " {:>11} {:>11} {:>8}",
-            "llama tok/s", "lookup tok/s", "lookup"
-        );
+        header.extend([
+            "llama.cpp tok/s",
+            "llama.cpp lookup tok/s",
+            "lookup speedup",
+        ]);
     }
-    println!();
+    let mut by_category = Table::new(&header);
     for row in &summary.categories {
-        let t = |cfg| row.tok_s.get(&cfg).copied().unwrap_or(0.0);
-        print!(
-            "{:<16} {:>7} {:>10.1} {:>10.1} {:>7.2}x {:>6.2}",
-            row.category,
-            row.prompts,
+        let t = |cfg| format!("{:.1}", row.tok_s.get(&cfg).copied().unwrap_or(0.0));
+        let mut cells = vec![
+            row.category.clone(),
+            row.prompts.to_string(),
             t(Config::Off),
             t(Config::Auto),
-            row.speedup,
-            row.tau
-        );
+            format!("{:.2}x", row.speedup),
+            format!("{:.2}", row.tau),
+        ];
         if peer {
-            print!(
-                " {:>11.1} {:>11.1} {:>7.2}x",
+            cells.extend([
                 t(Config::PeerPlain),
                 t(Config::PeerLookup),
-                row.peer_lookup_speedup.unwrap_or(0.0)
-            );
+                format!("{:.2}x", row.peer_lookup_speedup.unwrap_or(0.0)),
+            ]);
         }
-        println!();
+        by_category.row(cells);
     }
-    println!();
+    let mut by_config = Table::new(&[
+        "configuration",
+        "tok/s",
+        "τ",
+        "TTFT p50 ms",
+        "ITL p50 ms",
+        "ITL p99 ms",
+        "ms per step",
+    ]);
     for c in &summary.configs {
-        println!(
-            "{:<16} {:>7.1} tok/s  τ {:.2}  TTFT p50 {:>6.1} ms  ITL p50 {:>5.2} ms p99 {:>5.2} ms  {:.2} ms per step",
-            c.config.name(),
-            c.tok_s,
-            c.tau,
-            c.ttft_p50_ms,
-            c.itl_p50_ms,
-            c.itl_p99_ms,
-            c.ms_per_step,
-        );
+        by_config.row(vec![
+            c.config.name().to_string(),
+            format!("{:.1}", c.tok_s),
+            format!("{:.2}", c.tau),
+            format!("{:.1}", c.ttft_p50_ms),
+            format!("{:.2}", c.itl_p50_ms),
+            format!("{:.2}", c.itl_p99_ms),
+            format!("{:.2}", c.ms_per_step),
+        ]);
     }
+    let mut out = vec![by_category, by_config];
     if summary.levels.iter().any(|l| l.concurrency > 1) {
-        println!();
-        println!(
-            "{:>11} {:<6} {:>8} {:>10} {:>8} {:>12} {:>12} {:>6}",
+        let mut sweep = Table::new(&[
             "concurrency",
             "config",
             "requests",
-            "agg tok/s",
+            "aggregate tok/s",
             "vs off",
-            "latency p50",
-            "latency p99",
-            "τ"
-        );
+            "latency p50 s",
+            "latency p99 s",
+            "τ",
+        ]);
         for l in &summary.levels {
             let off = summary
                 .levels
                 .iter()
                 .find(|o| o.concurrency == l.concurrency && o.config == Config::Off)
                 .map_or(0.0, |o| o.aggregate_tok_s);
-            println!(
-                "{:>11} {:<6} {:>8} {:>10.1} {:>7.2}x {:>11.2}s {:>11.2}s {:>6.2}",
-                l.concurrency,
-                l.config.name(),
-                l.requests,
-                l.aggregate_tok_s,
-                l.aggregate_tok_s / off.max(1e-9),
-                l.latency_p50_s,
-                l.latency_p99_s,
-                l.tau,
-            );
+            sweep.row(vec![
+                l.concurrency.to_string(),
+                l.config.name().to_string(),
+                l.requests.to_string(),
+                format!("{:.1}", l.aggregate_tok_s),
+                format!("{:.2}x", l.aggregate_tok_s / off.max(1e-9)),
+                format!("{:.2}", l.latency_p50_s),
+                format!("{:.2}", l.latency_p99_s),
+                format!("{:.2}", l.tau),
+            ]);
         }
+        out.push(sweep);
     }
+    out
 }

@@ -1,0 +1,159 @@
+//! Applying an outcome: which outcome is due, checking it against what
+//! was sent, learning from it, and what to send next (see the parent
+//! module's docs).
+
+use specmesh_draft::{Budget, Drafter, Feedback, TokenTree};
+use specmesh_proto::v1;
+
+use super::{Applied, Awaited, DraftSession, Reported};
+use crate::error::SessionError;
+use crate::validate::{Outcome, SpanOutcome};
+
+impl DraftSession {
+    /// Takes in the verifier's outcome of the next unreported steps. Errors
+    /// end the stream with INVALID_ARGUMENT and change nothing.
+    pub fn apply(&mut self, wire: v1::StepOutcome) -> Result<Applied, SessionError> {
+        let Some(awaited) = &self.awaited else {
+            return Err(SessionError::Internal(
+                "an outcome was applied while no tree awaited one".into(),
+            ));
+        };
+        let (next, last) = awaited.steps();
+        let step = wire.step;
+        if step < next {
+            return Ok(Applied::Ignored);
+        }
+        if step > last {
+            let reason = format!(
+                "is {step}, but the outcome due reports {}: outcomes were lost",
+                steps_text(next, last)
+            );
+            return Err(SessionError::invalid("outcome.step", reason));
+        }
+        let span = u64::from(wire.span.max(1));
+        // `step` is at most `last`, a step a tree was sent for: no overflow.
+        let first = (step + 1).checked_sub(span);
+        if first != Some(next) {
+            let reason = match first {
+                Some(first) if first > next => format!(
+                    "is {span}: the outcome reports {} but not {} before it: outcomes were lost",
+                    steps_text(first, step),
+                    steps_text(next, first - 1)
+                ),
+                _ => format!(
+                    "is {span}: the outcome reports steps before step {next}, which were \
+                     reported already"
+                ),
+            };
+            return Err(SessionError::invalid("outcome.span", reason));
+        }
+        let awaited = self.awaited.take().expect("checked above");
+        let applied = match &awaited {
+            Awaited::Tree { tree, .. } => self.apply_tree(wire, tree),
+            Awaited::Span { .. } => self.apply_span(wire, span as usize),
+        };
+        let (reported, batch) = match applied {
+            Ok(a) => a,
+            Err(e) => {
+                self.awaited = Some(awaited);
+                return Err(e);
+            }
+        };
+        if step < last {
+            self.awaited = Some(Awaited::Span {
+                next: step + 1,
+                last,
+            });
+            return Ok(Applied::Within(reported));
+        }
+        match self.ahead.take_if(|(first, _)| *first == last + 1) {
+            Some((first, last)) => {
+                // Sent ahead: the verifier verifies the root alone there.
+                self.awaited = Some(Awaited::Span { next: first, last });
+                Ok(Applied::Ahead { batch, reported })
+            }
+            None => Ok(Applied::Next { batch, reported }),
+        }
+    }
+
+    /// Applies the outcome of one step that verified `tree` (or, when its
+    /// path is empty, something else).
+    fn apply_tree(
+        &mut self,
+        wire: v1::StepOutcome,
+        tree: &TokenTree,
+    ) -> Result<(Reported, usize), SessionError> {
+        let o = Outcome::from_wire(wire, tree, self.vocab)?;
+        self.check_room(o.committed.len())?;
+        // An empty path over our root-only tree is that tree's outcome (the
+        // verifier sends no path when nothing was drafted): the root's
+        // top-k still teaches token recycling.
+        let ours: Option<&[usize]> = match o.path.as_slice() {
+            [] if tree.len() == 1 && o.committed.len() == 1 => Some(&[0]),
+            [] => None,
+            path => Some(path),
+        };
+        if let Some(path) = ours {
+            let feedback = Feedback {
+                tree,
+                path,
+                committed: &o.committed,
+                top_k: &o.top_k,
+            };
+            self.drafter.drafter().observe(&feedback);
+            self.policy.observe_feedback(&feedback);
+        }
+        self.context.extend_from_slice(&o.committed);
+        let reported = Reported::verified(tree, ours.unwrap_or_default());
+        Ok((reported, o.batch_size))
+    }
+
+    /// Applies the outcome of `steps` steps that verified the root alone:
+    /// each is learned from as the root-only tree it was.
+    fn apply_span(
+        &mut self,
+        wire: v1::StepOutcome,
+        steps: usize,
+    ) -> Result<(Reported, usize), SessionError> {
+        let o = SpanOutcome::from_wire(wire, steps, self.vocab)?;
+        self.check_room(o.committed.len())?;
+        let limits = Budget::OFF.limits(self.vocab);
+        for (i, &token) in o.committed.iter().enumerate() {
+            let root = *self.context.last().expect("the context only grows");
+            let tree = TokenTree::root_only(root, limits)
+                .map_err(|e| SessionError::Internal(format!("root-only tree: {e}")))?;
+            let feedback = Feedback {
+                tree: &tree,
+                path: &[0],
+                committed: &o.committed[i..=i],
+                top_k: o.top_k.get(i..=i).unwrap_or_default(),
+            };
+            self.drafter.drafter().observe(&feedback);
+            self.policy.observe_feedback(&feedback);
+            self.context.push(token);
+        }
+        Ok((Reported::plain(steps as u64), o.batch_size))
+    }
+
+    /// Refuses an outcome that would grow the context past its limit.
+    fn check_room(&self, committed: usize) -> Result<(), SessionError> {
+        let grown = self.context.len().saturating_add(committed);
+        if grown > self.max_context {
+            let reason = format!(
+                "would grow the context to {grown} tokens, over the drafter's limit of {}",
+                self.max_context
+            );
+            return Err(SessionError::invalid("outcome.committed", reason));
+        }
+        Ok(())
+    }
+}
+
+/// "step 4" or "steps 4..=9", for messages.
+fn steps_text(first: u64, last: u64) -> String {
+    if first == last {
+        format!("step {first}")
+    } else {
+        format!("steps {first}..={last}")
+    }
+}

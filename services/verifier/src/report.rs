@@ -1,0 +1,71 @@
+//! The outcome a session owes its drafter: that of one step, or of every
+//! step a span stood for (a tree with no nodes whose `span` covers several
+//! steps), gathered as the steps are verified and sent as one
+//! `StepOutcome` after the last.
+
+use specmesh_engine::Step;
+use specmesh_proto::v1;
+
+/// An outcome being gathered; see the module docs.
+#[derive(Debug)]
+pub struct Report {
+    /// The first step reported.
+    first: u64,
+    /// The last step reported: the outcome is due once it is verified.
+    last: u64,
+    /// Steps verified so far.
+    added: u64,
+    path: Vec<u32>,
+    committed: Vec<u32>,
+    top_k: Vec<v1::TopTokens>,
+}
+
+impl Report {
+    /// The report of steps `first..=last`.
+    pub fn new(first: u64, last: u64) -> Report {
+        debug_assert!(last >= first);
+        Report {
+            first,
+            last: last.max(first),
+            added: 0,
+            path: Vec::new(),
+            committed: Vec::new(),
+            top_k: Vec::new(),
+        }
+    }
+
+    /// Adds the next step's verification.
+    pub fn add(&mut self, step: &Step) {
+        let v = &step.verification;
+        // Only a tree with nodes has a path to report, and such a tree
+        // stands for its step alone.
+        if step.drafted > 0 {
+            debug_assert_eq!(self.first, self.last);
+            self.path = v.path.iter().map(|&n| n as u32).collect();
+        }
+        self.committed.extend_from_slice(&v.accepted);
+        self.committed.push(v.bonus);
+        self.top_k.extend(v.top_k.iter().map(|row| v1::TopTokens {
+            tokens: row.iter().map(|t| t.0).collect(),
+            logprobs: row.iter().map(|t| t.1).collect(),
+        }));
+        self.added += 1;
+    }
+
+    /// Whether every step reported has been added: the outcome is due.
+    pub fn is_complete(&self) -> bool {
+        self.first + self.added > self.last
+    }
+
+    /// The outcome, with the verifier's batch size at the last step.
+    pub fn into_outcome(self, batch_size: usize) -> v1::StepOutcome {
+        v1::StepOutcome {
+            step: self.last,
+            path: self.path,
+            committed: self.committed,
+            top_k: self.top_k,
+            batch_size: batch_size as u32,
+            span: (self.last - self.first + 1) as u32,
+        }
+    }
+}
