@@ -134,14 +134,22 @@ pub fn exp_neg(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
-    let x = x.max(-87.0);
+    // Clamped into [-87, 0] (NaN lands on -87: `max` ignores it), so n is
+    // an integer in [-126, 0] and the unchecked conversion below is exact.
+    // A saturating `as i32` would be too, but it keeps LLVM from
+    // vectorising loops over this function (4 ns → 0.3 ns per element).
+    // Not `clamp`: it passes NaN through.
+    #[allow(clippy::manual_clamp)]
+    let x = x.max(-87.0).min(0.0);
     let n = (x * LOG2E + 0.5).floor();
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    f32::from_bits(((n as i32 + 127) as u32) << 23) * p
+    // SAFETY: n is finite and in [-126, 0] (see above).
+    let n = unsafe { n.to_int_unchecked::<i32>() };
+    f32::from_bits(((n + 127) as u32) << 23) * p
 }
 
 /// In-place softmax; leaves probabilities summing to 1.
