@@ -262,13 +262,22 @@ pub fn tables(summary: &Summary, configs: &[Config]) -> Vec<Table> {
         "ms per step",
     ]);
     for c in &summary.configs {
+        // Only the gateway's stream has inter-token gaps to measure.
+        let streamed = matches!(c.config, Config::Off | Config::Auto);
+        let itl = |v: f64| {
+            if streamed {
+                format!("{v:.2}")
+            } else {
+                "—".to_string()
+            }
+        };
         by_config.row(vec![
             c.config.name().to_string(),
             format!("{:.1}", c.tok_s),
             format!("{:.2}", c.tau),
             format!("{:.1}", c.ttft_p50_ms),
-            format!("{:.2}", c.itl_p50_ms),
-            format!("{:.2}", c.itl_p99_ms),
+            itl(c.itl_p50_ms),
+            itl(c.itl_p99_ms),
             format!("{:.2}", c.ms_per_step),
         ]);
     }
