@@ -133,12 +133,6 @@ pub struct PolicyConfig {
     pub probe_interval: u32,
     /// The probe tree: drafted nodes (a chain of this depth).
     pub probe_nodes: usize,
-    /// Each probe that leaves speculation off doubles the interval to the
-    /// next one, up to `probe_interval << max_probe_backoff`: in text the
-    /// drafters cannot predict, probes are pure cost (a wider forward and a
-    /// drafter round trip each). A step that speculates, or any accepted
-    /// draft token, resets it.
-    pub max_probe_backoff: u32,
 }
 
 impl Default for PolicyConfig {
@@ -152,7 +146,6 @@ impl Default for PolicyConfig {
             width_gain: 0.3,
             probe_interval: 16,
             probe_nodes: 2,
-            max_probe_backoff: 3,
         }
     }
 }
@@ -184,24 +177,18 @@ impl Decision {
 /// with [`SpecPolicy::observe`] (or `observe_feedback`).
 ///
 /// Exploration is deterministic: each step on which the argmax is "off"
-/// increments a counter; when it reaches the probe interval that step
-/// drafts the probe budget instead and the counter restarts. The interval
-/// starts at `probe_interval` and doubles with every probe that did not
-/// turn speculation on, up to `max_probe_backoff` doublings. Any step on
-/// which speculation pays resets both, and an accepted draft token resets
-/// the interval. So a session whose text turns
-/// predictable is noticed within `probe_interval << max_probe_backoff`
-/// steps, at a cost of one small tree per that many plain steps once the
-/// backoff is full, and two runs of the same session make the same
-/// decisions.
+/// increments a counter; when it reaches `probe_interval` that step drafts
+/// the probe budget instead and the counter restarts. Any step on which
+/// speculation pays resets it. So a session whose text turns predictable is
+/// noticed within `probe_interval` steps, at a cost of one small tree per
+/// `probe_interval` plain steps, and two runs of the same session make the
+/// same decisions.
 #[derive(Clone, Debug)]
 pub struct SpecPolicy {
     config: PolicyConfig,
     curve: CostCurve,
     stats: AcceptanceStats,
     off_streak: u32,
-    /// Probes since the argmax last chose to speculate.
-    unanswered_probes: u32,
 }
 
 /// Candidate drafted-node counts (root excluded); the cost curve is
@@ -231,7 +218,6 @@ impl SpecPolicy {
             curve,
             stats,
             off_streak: 0,
-            unanswered_probes: 0,
         })
     }
 
@@ -251,21 +237,14 @@ impl SpecPolicy {
         &mut self.stats
     }
 
-    /// See [`AcceptanceStats::observe`]. An accepted draft token also ends
-    /// the probe backoff: drafting is not hopeless in this text.
+    /// See [`AcceptanceStats::observe`].
     pub fn observe(&mut self, offered: usize, accepted: usize) {
         self.stats.observe(offered, accepted);
-        if accepted > 0 {
-            self.unanswered_probes = 0;
-        }
     }
 
-    /// See [`AcceptanceStats::observe_feedback`] and [`SpecPolicy::observe`].
+    /// See [`AcceptanceStats::observe_feedback`].
     pub fn observe_feedback(&mut self, feedback: &Feedback<'_>) {
         self.stats.observe_feedback(feedback);
-        if feedback.path.len() > 1 {
-            self.unanswered_probes = 0;
-        }
     }
 
     /// The budget for this step when the verifier batches `batch` sessions.
@@ -274,7 +253,6 @@ impl SpecPolicy {
         let best = self.best(batch);
         if !best.budget.is_off() {
             self.off_streak = 0;
-            self.unanswered_probes = 0;
             return best;
         }
         let depth = self.probe_depth();
@@ -282,11 +260,10 @@ impl SpecPolicy {
             return best;
         }
         self.off_streak += 1;
-        if self.off_streak < self.probe_interval() {
+        if self.off_streak < self.config.probe_interval {
             return best;
         }
         self.off_streak = 0;
-        self.unanswered_probes = self.unanswered_probes.saturating_add(1);
         let budget = Budget {
             max_nodes: depth + 1,
             max_depth: depth,
@@ -326,20 +303,10 @@ impl SpecPolicy {
             // Never probing: off for good, and nothing counted.
             return (first, max_steps);
         }
-        let left = (self.probe_interval() - 1).saturating_sub(self.off_streak);
+        let left = (self.config.probe_interval - 1).saturating_sub(self.off_streak);
         let more = left.min(u32::try_from(max_steps - 1).unwrap_or(u32::MAX));
         self.off_streak += more;
         (first, 1 + more as usize)
-    }
-
-    /// Off steps between probes now: the configured interval, doubled for
-    /// each probe since speculation was last on, within the backoff cap.
-    fn probe_interval(&self) -> u32 {
-        let shift = self
-            .unanswered_probes
-            .min(self.config.max_probe_backoff)
-            .min(16);
-        self.config.probe_interval.saturating_mul(1 << shift)
     }
 
     /// The depth of a probe tree; 0 when the policy never probes.

@@ -259,10 +259,8 @@ fn a_run_of_plain_steps_is_sent_ahead_as_one_span() {
     assert!(!plan.budget.is_off(), "the probe: {plan:?}");
     let probe = s.draft(plan).unwrap().tree;
     assert_eq!((probe.step, probe.root_token), (15, c[14]));
-    // The probe left speculation off, so the next run is twice as long
-    // (the policy's probe backoff): 31 plain steps, then the next probe.
     let next = s.plan_ahead(1).expect("the next run").tree;
-    assert_eq!((next.step, next.span), (16, 31), "probe to probe");
+    assert_eq!((next.step, next.span), (16, 15), "probe to probe");
 }
 
 #[test]
