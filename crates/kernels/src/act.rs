@@ -74,19 +74,91 @@ impl QuantizedRows {
 /// rounding noise of llama.cpp's on the same GGUF, which users compare to.
 #[inline]
 fn quantize_block(x: &[f32], out: &mut BlockQ8) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
+    // SAFETY: the build enables AVX2; `x` holds one 32-value block.
+    let amax = unsafe { x86::abs_max(x) };
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2")))]
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
+    // SAFETY: the build enables AVX2; `x` holds one 32-value block.
+    let qsum = unsafe { x86::round_block(x, id, &mut out.qs) };
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2")))]
+    let qsum = round_block(x, id, &mut out.qs);
+    out.d = f16::from_f32(d).to_f32();
+    out.qsum = qsum;
+    out.s = f16::from_f32(d * qsum as f32).to_f32();
+}
+
+/// `q[i] = round(x[i] · id)`, half away from zero; returns Σ q.
+#[cfg_attr(all(target_arch = "x86_64", target_feature = "avx2"), allow(dead_code))]
+fn round_block(x: &[f32], id: f32, q: &mut [i8; BLOCK]) -> i32 {
     let mut qsum = 0i32;
-    for (q, v) in out.qs.iter_mut().zip(x) {
-        // |v · id| <= 127 by construction; round() is half-away-from-zero.
+    for (q, v) in q.iter_mut().zip(x) {
+        // |v · id| <= 127 by construction.
         let r = (v * id).round() as i32;
         *q = r as i8;
         qsum += r;
     }
-    out.d = f16::from_f32(d).to_f32();
-    out.qsum = qsum;
-    out.s = f16::from_f32(d * qsum as f32).to_f32();
+    qsum
+}
+
+/// The same rounding, 8 values per instruction: activations are quantized
+/// before every matmul, on the calling thread, so this loop is serial time.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use crate::format::BLOCK;
+
+    /// max |x[i]| of one block (order does not matter for a maximum).
+    pub(super) unsafe fn abs_max(x: &[f32]) -> f32 {
+        assert_eq!(x.len(), BLOCK);
+        unsafe {
+            let sign = _mm256_set1_ps(-0.0);
+            let mut m = _mm256_setzero_ps();
+            for i in 0..4 {
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x.as_ptr().add(8 * i))));
+            }
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+        }
+    }
+
+    /// Bit-identical to `super::round_block`: `round` is emulated exactly
+    /// (truncate, then step away from zero when the dropped part is ≥ ½;
+    /// `x − trunc(x)` is exact in f32), not the ties-to-even of `vroundps`.
+    pub(super) unsafe fn round_block(x: &[f32], id: f32, q: &mut [i8; BLOCK]) -> i32 {
+        assert_eq!(x.len(), BLOCK);
+        unsafe {
+            let idv = _mm256_set1_ps(id);
+            let half = _mm256_set1_ps(0.5);
+            let sign = _mm256_set1_ps(-0.0);
+            let one = _mm256_set1_ps(1.0);
+            let mut r = [_mm256_setzero_si256(); 4];
+            for (i, r) in r.iter_mut().enumerate() {
+                let v = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(8 * i)), idv);
+                let t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
+                let away = _mm256_and_ps(_mm256_cmp_ps(frac, half, _CMP_GE_OQ), one);
+                let step = _mm256_or_ps(away, _mm256_and_ps(v, sign));
+                *r = _mm256_cvttps_epi32(_mm256_add_ps(t, step));
+            }
+            let sum = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+            // Packing works per 128-bit lane; the permute restores order.
+            let w01 = _mm256_packs_epi32(r[0], r[1]);
+            let w23 = _mm256_packs_epi32(r[2], r[3]);
+            let b = _mm256_packs_epi16(w01, w23);
+            let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, b);
+            let s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+            _mm_cvtsi128_si32(s)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -105,6 +177,44 @@ mod tests {
                 // d is stored through f16 (relative error 2^-11).
                 assert!((b.d * *qi as f32 - v).abs() <= b.d * 0.5 + b.d * 127.0 / 1024.0 + 1e-6);
             }
+        }
+    }
+
+    #[test]
+    fn simd_rounding_matches_scalar_rounding_bit_for_bit() {
+        // Ties (±k.5), values just below and above them, signs, zeros.
+        let mut vals: Vec<f32> = Vec::new();
+        for k in -127..=127 {
+            let h = k as f32 + 0.5;
+            vals.extend([h, f32::from_bits(h.to_bits() - 1), f32::from_bits(h.to_bits() + 1)]);
+            vals.push(k as f32);
+        }
+        vals.extend([0.0, -0.0, 1e-30, -1e-30, 0.49999997, -0.49999997]);
+        vals.retain(|v| v.abs() < 127.5);
+        while !vals.len().is_multiple_of(BLOCK) {
+            vals.push(0.25);
+        }
+        for chunk in vals.chunks(BLOCK) {
+            let (mut a, mut b) = ([0i8; BLOCK], [0i8; BLOCK]);
+            let sa = round_block(chunk, 1.0, &mut a);
+            #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
+            let sb = unsafe { x86::round_block(chunk, 1.0, &mut b) };
+            #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2")))]
+            let sb = round_block(chunk, 1.0, &mut b);
+            assert_eq!((a, sa), (b, sb), "{chunk:?}");
+        }
+        // And through real scales.
+        let x: Vec<f32> = (0..4096).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.0173).collect();
+        for chunk in x.chunks(BLOCK) {
+            let amax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let id = 127.0 / amax;
+            let (mut a, mut b) = ([0i8; BLOCK], [0i8; BLOCK]);
+            let sa = round_block(chunk, id, &mut a);
+            #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
+            let sb = unsafe { x86::round_block(chunk, id, &mut b) };
+            #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2")))]
+            let sb = round_block(chunk, id, &mut b);
+            assert_eq!((a, sa), (b, sb));
         }
     }
 
