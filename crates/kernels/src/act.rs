@@ -119,7 +119,10 @@ mod x86 {
             let sign = _mm256_set1_ps(-0.0);
             let mut m = _mm256_setzero_ps();
             for i in 0..4 {
-                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x.as_ptr().add(8 * i))));
+                m = _mm256_max_ps(
+                    m,
+                    _mm256_andnot_ps(sign, _mm256_loadu_ps(x.as_ptr().add(8 * i))),
+                );
             }
             let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
             let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -153,7 +156,10 @@ mod x86 {
             let b = _mm256_packs_epi16(w01, w23);
             let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, b);
-            let s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            let s = _mm_add_epi32(
+                _mm256_castsi256_si128(sum),
+                _mm256_extracti128_si256(sum, 1),
+            );
             let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
             let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
             _mm_cvtsi128_si32(s)
@@ -186,7 +192,11 @@ mod tests {
         let mut vals: Vec<f32> = Vec::new();
         for k in -127..=127 {
             let h = k as f32 + 0.5;
-            vals.extend([h, f32::from_bits(h.to_bits() - 1), f32::from_bits(h.to_bits() + 1)]);
+            vals.extend([
+                h,
+                f32::from_bits(h.to_bits() - 1),
+                f32::from_bits(h.to_bits() + 1),
+            ]);
             vals.push(k as f32);
         }
         vals.extend([0.0, -0.0, 1e-30, -1e-30, 0.49999997, -0.49999997]);
@@ -204,7 +214,9 @@ mod tests {
             assert_eq!((a, sa), (b, sb), "{chunk:?}");
         }
         // And through real scales.
-        let x: Vec<f32> = (0..4096).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.0173).collect();
+        let x: Vec<f32> = (0..4096)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.0173)
+            .collect();
         for chunk in x.chunks(BLOCK) {
             let amax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let id = 127.0 / amax;

@@ -27,6 +27,8 @@ mod isa;
 mod matmul;
 mod packed;
 #[cfg(target_arch = "x86_64")]
+mod packed_amx;
+#[cfg(target_arch = "x86_64")]
 mod packed_x86;
 mod threads;
 pub mod vec;

@@ -46,6 +46,9 @@ enum Storage {
     F32(Vec<f32>),
 }
 
+/// Rows per call from which `Isa::AmxInt8` uses tiles.
+const AMX_MIN_ROWS: usize = 2;
+
 /// Output pointer shared by the threads of one matmul; each writes a
 /// disjoint set of columns.
 #[derive(Clone, Copy)]
@@ -308,10 +311,50 @@ impl QMatrix {
         let kernel: Option<fn()> = None;
         #[cfg(target_arch = "x86_64")]
         let pair = crate::packed_x86::pair_fn(isa, format);
+        // AMX tiles take over for calls of several rows; fewer rows than
+        // that gain nothing over VNNI (the step is bound by weight reads).
+        #[cfg(target_arch = "x86_64")]
+        let amx = if isa == Isa::AmxInt8 && k >= AMX_MIN_ROWS {
+            crate::packed_amx::pairs_fn(format)
+        } else {
+            None
+        };
         let cols = self.cols;
         pool.for_ranges(n.div_ceil(packed::GROUP), &|groups| {
             let mut tmp = [[[0.0f32; packed::GROUP]; 8]; 2];
             let mut g = groups.start;
+            #[cfg(target_arch = "x86_64")]
+            if let Some(tiles) = amx {
+                // All pairs of this thread's groups on tiles; an odd last
+                // group goes to the VNNI loop below.
+                let pairs = (groups.end - groups.start) / 2;
+                let mut r = 0;
+                while r < k {
+                    let t = (k - r).min(crate::packed_amx::MAX_T);
+                    let mut emit = |g: usize, res: &crate::packed_amx::PairOut| {
+                        for (s, res) in res.iter().enumerate() {
+                            let j0 = (g + s) * packed::GROUP;
+                            let width = packed::GROUP.min(n - j0);
+                            for (i, row) in res.iter().enumerate().take(t) {
+                                // SAFETY: as below.
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(
+                                        row.as_ptr(),
+                                        optr.ptr().add((r + i) * n + j0),
+                                        width,
+                                    )
+                                };
+                            }
+                        }
+                    };
+                    // SAFETY: groups g..g + 2 · pairs exist in `data` (packed,
+                    // `nb` blocks per row), rows r..r + t exist in `acts`, and
+                    // `amx` is only chosen when `Isa::AmxInt8` is supported.
+                    unsafe { tiles(data, nb, g, pairs, acts, r, t, &mut emit) };
+                    r += t;
+                }
+                g += 2 * pairs;
+            }
             while g < groups.end {
                 // Two groups per call where a 512-bit kernel exists; its lanes
                 // compute exactly what two single-group calls would.

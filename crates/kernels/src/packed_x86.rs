@@ -210,7 +210,7 @@ pub(crate) fn group_fn(isa: Isa, fmt: QFormat) -> GroupFn {
     match isa {
         Isa::Avx2 => avx2::group_fn(fmt),
         Isa::AvxVnni => avx_vnni::group_fn(fmt),
-        Isa::Avx512Vnni => avx512_vnni::group_fn(fmt),
+        Isa::Avx512Vnni | Isa::AmxInt8 => avx512_vnni::group_fn(fmt),
         Isa::Scalar => unreachable!("scalar packed kernels are dispatched by the caller"),
     }
 }
@@ -388,7 +388,7 @@ pair_entry!(q8_0_pair, q8_0_pair_512);
 
 /// The two-group kernel for `fmt`, on AVX-512 VNNI only.
 pub(crate) fn pair_fn(isa: Isa, fmt: QFormat) -> Option<PairFn> {
-    match (isa, fmt) {
+    match (isa.vector(), fmt) {
         (Isa::Avx512Vnni, QFormat::Q4_1) => Some(q4_1_pair_512),
         (Isa::Avx512Vnni, QFormat::Q8_0) => Some(q8_0_pair_512),
         _ => None,

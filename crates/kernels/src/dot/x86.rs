@@ -234,7 +234,7 @@ pub(super) fn tile_fn(isa: Isa, fmt: QFormat) -> TileFn {
     match isa {
         Isa::Avx2 => avx2::tile_fn(fmt),
         Isa::AvxVnni => avx_vnni::tile_fn(fmt),
-        Isa::Avx512Vnni => avx512_vnni::tile_fn(fmt),
+        Isa::Avx512Vnni | Isa::AmxInt8 => avx512_vnni::tile_fn(fmt),
         Isa::Scalar => unreachable!("scalar kernels are dispatched in dot::tile_fn"),
     }
 }

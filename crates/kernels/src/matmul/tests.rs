@@ -195,3 +195,31 @@ fn vnni_paths_give_identical_bits_for_packed_formats() {
         );
     }
 }
+
+#[test]
+fn amx_tiles_give_the_bits_of_the_vnni_kernels() {
+    // Exact integer block sums and the same float epilogue: any row count,
+    // an odd number of groups (the last one goes to VNNI) and a block count
+    // that is not a multiple of the tile chunk.
+    if !Isa::AmxInt8.supported() {
+        eprintln!("no AMX-INT8 here: skipped");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(23);
+    let pool = ThreadPool::new(2);
+    let mut s = QuantizedRows::default();
+    for format in [QFormat::Q4_1, QFormat::Q8_0] {
+        let w = random_quant(format, 45, 576, &mut rng);
+        let x = random_acts(40, 576, &mut rng);
+        for k in [1usize, 2, 3, 8, 15, 16, 17, 33, 40] {
+            let (mut a, mut b) = (vec![0.0; k * 45], vec![0.0; k * 45]);
+            w.forward(&x[..k * 576], &mut s, &mut a, Isa::Avx512Vnni, &pool);
+            w.forward(&x[..k * 576], &mut s, &mut b, Isa::AmxInt8, &pool);
+            assert_eq!(
+                a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{format:?} k={k}"
+            );
+        }
+    }
+}
