@@ -2,21 +2,38 @@
 //! key rows, and the probability-weighted sum of value rows.
 //!
 //! The query and the output accumulator stay in registers across all keys
-//! (head_dim 64 or 128 with AVX2); rows are addressed by slot so the same
-//! code serves committed prefix keys and a tree token's staged ancestors.
-//! Per query the operations depend only on its own slots, never on other
-//! queries: attention stays batch-invariant.
+//! (head_dim 64 or 128); rows are addressed by slot so the same code serves
+//! committed prefix keys and a tree token's staged ancestors. A score
+//! depends only on its query and key row (never on which other keys share
+//! its group of four, or on where the key sits in the list) and the value
+//! sum runs in slot order, so attention stays batch-invariant: a token
+//! committed earlier and the same token staged in a tree give the same bits.
+//!
+//! With AVX-512 (chosen at run time, once per process) a score is a 16-lane
+//! FMA chain over the head dimension, then four keys' lanes are summed
+//! together by one shuffle tree of the same shape for each key. That is
+//! about half the instructions of an 8-lane dot and horizontal sum per key.
 
-/// `out[i] = scale · q · K[slots[i]]`, where row s of K starts at `k[s * stride]`.
+/// `out[i] = scale · q · K[slots[i]]`, where row s of K starts at
+/// `k[s * stride]` (`out.len()` = `slots.len()`).
 pub fn qk_scores(
     q: &[f32],
     k: &[f32],
     stride: usize,
     slots: &[usize],
     scale: f32,
-    out: &mut Vec<f32>,
+    out: &mut [f32],
 ) {
-    out.clear();
+    assert_eq!(out.len(), slots.len(), "one score per slot");
+    #[cfg(target_arch = "x86_64")]
+    if avx512::available() {
+        // SAFETY: AVX-512F is present; rows are bounds-checked inside.
+        match q.len() {
+            64 => return unsafe { avx512::qk::<4>(q, k, stride, slots, scale, out) },
+            128 => return unsafe { avx512::qk::<8>(q, k, stride, slots, scale, out) },
+            _ => {}
+        }
+    }
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
@@ -32,16 +49,25 @@ pub fn qk_scores(
         }
     }
     let d = q.len();
-    out.extend(
-        slots
-            .iter()
-            .map(|&s| crate::vec::dot(q, &k[s * stride..s * stride + d]) * scale),
-    );
+    for (o, &s) in out.iter_mut().zip(slots) {
+        *o = crate::vec::dot(q, &k[s * stride..s * stride + d]) * scale;
+    }
 }
 
-/// `out = Σ_i p[i] · V[slots[i]]` (overwrites `out`, `out.len()` = head_dim).
-pub fn pv_sum(p: &[f32], v: &[f32], stride: usize, slots: &[usize], out: &mut [f32]) {
+/// `out += Σ_i p[i] · V[slots[i]]`, one fused multiply-add per slot in slot
+/// order (`out.len()` = head_dim). Summing a list in pieces, in order, gives
+/// the bits of summing it whole into zeros.
+pub fn pv_accumulate(p: &[f32], v: &[f32], stride: usize, slots: &[usize], out: &mut [f32]) {
     assert_eq!(p.len(), slots.len(), "one probability per slot");
+    #[cfg(target_arch = "x86_64")]
+    if avx512::available() {
+        // SAFETY: as in `qk_scores`.
+        match out.len() {
+            64 => return unsafe { avx512::pv::<4>(p, v, stride, slots, out) },
+            128 => return unsafe { avx512::pv::<8>(p, v, stride, slots, out) },
+            _ => {}
+        }
+    }
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
@@ -56,10 +82,17 @@ pub fn pv_sum(p: &[f32], v: &[f32], stride: usize, slots: &[usize], out: &mut [f
         }
     }
     let d = out.len();
-    out.fill(0.0);
     for (&s, &w) in slots.iter().zip(p) {
-        crate::vec::axpy(w, &v[s * stride..s * stride + d], out);
+        for (o, x) in out.iter_mut().zip(&v[s * stride..s * stride + d]) {
+            *o = w.mul_add(*x, *o);
+        }
     }
+}
+
+/// `out = Σ_i p[i] · V[slots[i]]` (overwrites `out`).
+pub fn pv_sum(p: &[f32], v: &[f32], stride: usize, slots: &[usize], out: &mut [f32]) {
+    out.fill(0.0);
+    pv_accumulate(p, v, stride, slots, out);
 }
 
 #[cfg(all(
@@ -79,12 +112,11 @@ mod x86 {
         stride: usize,
         slots: &[usize],
         scale: f32,
-        out: &mut Vec<f32>,
+        out: &mut [f32],
     ) {
         unsafe {
             let qv: [__m256; N] = std::array::from_fn(|i| _mm256_loadu_ps(q.as_ptr().add(8 * i)));
-            out.reserve(slots.len());
-            for &s in slots {
+            for (o, &s) in out.iter_mut().zip(slots) {
                 let row = &k[s * stride..s * stride + 8 * N];
                 let mut a0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(row.as_ptr()));
                 let mut a1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(row.as_ptr().add(8)));
@@ -96,7 +128,7 @@ mod x86 {
                         a1,
                     );
                 }
-                out.push(hsum(_mm256_add_ps(a0, a1)) * scale);
+                *o = hsum(_mm256_add_ps(a0, a1)) * scale;
             }
         }
     }
@@ -109,7 +141,8 @@ mod x86 {
         out: &mut [f32],
     ) {
         unsafe {
-            let mut acc = [_mm256_setzero_ps(); N];
+            let mut acc: [__m256; N] =
+                std::array::from_fn(|i| _mm256_loadu_ps(out.as_ptr().add(8 * i)));
             for (&s, &w) in slots.iter().zip(p) {
                 let row = &v[s * stride..s * stride + 8 * N];
                 let wv = _mm256_set1_ps(w);
@@ -119,6 +152,106 @@ mod x86 {
             }
             for (i, a) in acc.iter().enumerate() {
                 _mm256_storeu_ps(out.as_mut_ptr().add(8 * i), *a);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    pub(super) fn available() -> bool {
+        is_x86_feature_detected!("avx512f")
+    }
+
+    /// Row `s` of `m` (`16 · N` floats), bounds-checked.
+    #[inline(always)]
+    fn row<const N: usize>(m: &[f32], stride: usize, s: usize) -> *const f32 {
+        m[s * stride..s * stride + 16 * N].as_ptr()
+    }
+
+    /// Padding keys for a last group of fewer than four.
+    static ZEROS: [f32; 128] = [0.0; 128];
+
+    /// `N` = head_dim / 16.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn qk<const N: usize>(
+        q: &[f32],
+        k: &[f32],
+        stride: usize,
+        slots: &[usize],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        unsafe {
+            let qv: [__m512; N] = std::array::from_fn(|i| _mm512_loadu_ps(q.as_ptr().add(16 * i)));
+            let scale4 = _mm_set1_ps(scale);
+            let lane0s = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+            for (i, group) in slots.chunks(4).enumerate() {
+                let rows: [*const f32; 4] = std::array::from_fn(|j| match group.get(j) {
+                    Some(&s) => row::<N>(k, stride, s),
+                    None => ZEROS.as_ptr(),
+                });
+                // One FMA chain per key over the head dimension.
+                let acc: [__m512; 4] = std::array::from_fn(|j| {
+                    let mut a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(rows[j]));
+                    for (n, qn) in qv.iter().enumerate().skip(1) {
+                        a = _mm512_fmadd_ps(*qn, _mm512_loadu_ps(rows[j].add(16 * n)), a);
+                    }
+                    a
+                });
+                // Sum each key's 16 lanes: 256-bit halves, then 128-bit
+                // quarters, then within a quarter; the same tree per key.
+                let ab = _mm512_add_ps(
+                    _mm512_shuffle_f32x4(acc[0], acc[1], 0b01_00_01_00),
+                    _mm512_shuffle_f32x4(acc[0], acc[1], 0b11_10_11_10),
+                );
+                let cd = _mm512_add_ps(
+                    _mm512_shuffle_f32x4(acc[2], acc[3], 0b01_00_01_00),
+                    _mm512_shuffle_f32x4(acc[2], acc[3], 0b11_10_11_10),
+                );
+                let x = _mm512_add_ps(
+                    _mm512_shuffle_f32x4(ab, cd, 0b10_00_10_00),
+                    _mm512_shuffle_f32x4(ab, cd, 0b11_01_11_01),
+                );
+                let x = _mm512_add_ps(x, _mm512_permute_ps(x, 0b01_00_11_10));
+                let x = _mm512_add_ps(x, _mm512_permute_ps(x, 0b10_11_00_01));
+                let sums = _mm512_castps512_ps128(_mm512_permutexvar_ps(lane0s, x));
+                let sums = _mm_mul_ps(sums, scale4);
+                if group.len() == 4 {
+                    _mm_storeu_ps(out.as_mut_ptr().add(4 * i), sums);
+                } else {
+                    let mut tail = [0.0f32; 4];
+                    _mm_storeu_ps(tail.as_mut_ptr(), sums);
+                    out[4 * i..].copy_from_slice(&tail[..group.len()]);
+                }
+            }
+        }
+    }
+
+    /// Same per-lane operations as the AVX2 `pv` (one FMA per slot, in slot
+    /// order), 16 lanes at a time.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pv<const N: usize>(
+        p: &[f32],
+        v: &[f32],
+        stride: usize,
+        slots: &[usize],
+        out: &mut [f32],
+    ) {
+        unsafe {
+            let mut acc: [__m512; N] =
+                std::array::from_fn(|n| _mm512_loadu_ps(out.as_ptr().add(16 * n)));
+            for (&s, &w) in slots.iter().zip(p) {
+                let r = row::<N>(v, stride, s);
+                let wv = _mm512_set1_ps(w);
+                for (n, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(r.add(16 * n)), *a);
+                }
+            }
+            for (n, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(out.as_mut_ptr().add(16 * n), *a);
             }
         }
     }
@@ -136,8 +269,8 @@ mod tests {
                 .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
                 .collect();
             let q: Vec<f32> = (0..d).map(|i| (i % 9) as f32 / 4.0 - 1.0).collect();
-            let slots = [0usize, 3, 9, 4];
-            let mut s = Vec::new();
+            let slots = [0usize, 3, 9, 4, 7, 1];
+            let mut s = vec![0.0; slots.len()];
             qk_scores(&q, &k, stride, &slots, 0.5, &mut s);
             for (i, &slot) in slots.iter().enumerate() {
                 let want: f32 = q
@@ -148,7 +281,7 @@ mod tests {
                     * 0.5;
                 assert!((s[i] - want).abs() < 1e-4, "d={d}");
             }
-            let p = [0.1f32, 0.2, 0.3, 0.4];
+            let p = [0.1f32, 0.2, 0.3, 0.4, 0.5, 0.6];
             let mut out = vec![9.0; d];
             pv_sum(&p, &k, stride, &slots, &mut out);
             for j in 0..d {
@@ -159,6 +292,57 @@ mod tests {
                     .sum();
                 assert!((out[j] - want).abs() < 1e-5, "d={d}");
             }
+        }
+    }
+
+    #[test]
+    fn a_score_does_not_depend_on_its_neighbours_or_place() {
+        // The same key at every position of a group of four, among other
+        // keys or padding, gives the same bits: a staged tree token and the
+        // same token committed later score alike.
+        for d in [64usize, 128] {
+            let k: Vec<f32> = (0..d * 9)
+                .map(|i| ((i * 7919) % 997) as f32 / 300.0 - 1.6)
+                .collect();
+            let q: Vec<f32> = (0..d).map(|i| ((i * 31) % 17) as f32 / 7.0 - 1.1).collect();
+            let mut alone = [0.0];
+            qk_scores(&q, &k, d, &[5], 0.125, &mut alone);
+            for len in 1..=8 {
+                for at in 0..len {
+                    let slots: Vec<usize> = (0..len)
+                        .map(|i| if i == at { 5 } else { (i * 3 + 1) % 9 })
+                        .collect();
+                    let mut s = vec![0.0; len];
+                    qk_scores(&q, &k, d, &slots, 0.125, &mut s);
+                    assert_eq!(
+                        s[at].to_bits(),
+                        alone[0].to_bits(),
+                        "d={d} len={len} at={at}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_value_sum_in_pieces_equals_the_sum_whole() {
+        for d in [64usize, 128, 24] {
+            let v: Vec<f32> = (0..d * 40)
+                .map(|i| ((i * 7919) % 997) as f32 / 300.0 - 1.6)
+                .collect();
+            let slots: Vec<usize> = (0..37).map(|i| (i * 11) % 40).collect();
+            let p: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin().abs()).collect();
+            let mut whole = vec![0.0; d];
+            pv_sum(&p, &v, d, &slots, &mut whole);
+            let mut pieces = vec![0.0; d];
+            for (s, w) in slots.chunks(8).zip(p.chunks(8)) {
+                pv_accumulate(w, &v, d, s, &mut pieces);
+            }
+            assert_eq!(
+                whole.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                pieces.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "d={d}"
+            );
         }
     }
 }

@@ -1,11 +1,12 @@
 //! Causal tree attention over a sequence's committed prefix plus the
 //! attended tokens of its block.
 //!
-//! One task is one (batch item, query head); its tokens run one after the
-//! other, so the prefix K/V rows they share are hot in L2 for all but the
-//! first. The query and its accumulator stay in registers
-//! (`specmesh_kernels::attn`). (Tasks per KV head would share rows across a
-//! query group too, but 3 KV heads split badly over 2 cores at 1 token.)
+//! One task is one (batch item, query head). All the tokens of its block
+//! attend to the same committed prefix, so the prefix is walked in chunks
+//! that fit L1 (64 slots of K, then of V), each chunk serving every token
+//! before the next is loaded: a k-token tree reads the prefix once, not k
+//! times. (Tasks per KV head would share rows across a query group too, but
+//! 3 KV heads split badly over 2 cores at 1 token.)
 //!
 //! Keys are visited in slot order for every (token, head): prefix 0..len,
 //! then the token's ancestors in block order. A token committed earlier and
@@ -57,30 +58,64 @@ pub(crate) fn run_tasks(
     let d = shape.head_dim;
     let scale = 1.0 / (d as f32).sqrt();
     let mut attended: Vec<usize> = Vec::new();
-    let mut slots: Vec<usize> = Vec::new();
-    let mut scores: Vec<f32> = Vec::new();
+    let mut prefix: Vec<usize> = Vec::new();
+    let mut tails: Vec<Vec<usize>> = Vec::new();
+    let mut scores: Vec<Vec<f32>> = Vec::new();
     for task in range {
         let (it, head) = (task / shape.n_heads, task % shape.n_heads);
         let item = &items[it];
-        let len = item.seq.len();
+        let (len, n) = (item.seq.len(), item.block.len());
         let (kc, vc) = item.seq.layer(layer);
         // Slot s of KV head g starts at s · kv_dim + g · d.
         let g = head * shape.n_kv_heads / shape.n_heads;
         let (kc, vc) = (&kc[g * d..], &vc[g * d..]);
-        for r in 0..item.block.len() {
+        prefix.clear();
+        prefix.extend(0..len);
+        if tails.len() < n {
+            tails.resize_with(n, Vec::new);
+            scores.resize_with(n, Vec::new);
+        }
+        for r in 0..n {
             item.block.attended(r, &mut attended);
-            slots.clear();
-            slots.extend(0..len);
-            slots.extend(attended.iter().map(|a| len + a));
-            let row = item.row0 + r;
-            let q = &qkv[row * shape.qkv_stride + head * d..][..d];
-            attn::qk_scores(q, kc, shape.kv_dim, &slots, scale, &mut scores);
-            vec::softmax(&mut scores);
-            // SAFETY: see `OutPtr`; (row, head) belongs to this task alone.
-            let dst = unsafe {
-                std::slice::from_raw_parts_mut(out.0.add((row * shape.n_heads + head) * d), d)
-            };
-            attn::pv_sum(&scores, vc, shape.kv_dim, &slots, dst);
+            tails[r].clear();
+            tails[r].extend(attended.iter().map(|a| len + a));
+            scores[r].resize(len + tails[r].len(), 0.0);
+        }
+        let query = |r: usize| &qkv[(item.row0 + r) * shape.qkv_stride + head * d..][..d];
+        // SAFETY: see `OutPtr`; (row, head) belongs to this task alone.
+        let dst = |r: usize| unsafe {
+            std::slice::from_raw_parts_mut(
+                out.0.add(((item.row0 + r) * shape.n_heads + head) * d),
+                d,
+            )
+        };
+
+        for c0 in (0..len).step_by(PREFIX_CHUNK) {
+            let c1 = (c0 + PREFIX_CHUNK).min(len);
+            for r in 0..n {
+                let s = &mut scores[r][c0..c1];
+                attn::qk_scores(query(r), kc, shape.kv_dim, &prefix[c0..c1], scale, s);
+            }
+        }
+        for r in 0..n {
+            let s = &mut scores[r][len..];
+            attn::qk_scores(query(r), kc, shape.kv_dim, &tails[r], scale, s);
+            vec::softmax(&mut scores[r]);
+            dst(r).fill(0.0);
+        }
+        for c0 in (0..len).step_by(PREFIX_CHUNK) {
+            let c1 = (c0 + PREFIX_CHUNK).min(len);
+            for r in 0..n {
+                let p = &scores[r][c0..c1];
+                attn::pv_accumulate(p, vc, shape.kv_dim, &prefix[c0..c1], dst(r));
+            }
+        }
+        for r in 0..n {
+            attn::pv_accumulate(&scores[r][len..], vc, shape.kv_dim, &tails[r], dst(r));
         }
     }
 }
+
+/// Prefix slots per chunk: 64 rows of one head's K (or V) are 16 KiB at
+/// head_dim 64, so a chunk stays in L1 while every token of the block uses it.
+const PREFIX_CHUNK: usize = 64;
