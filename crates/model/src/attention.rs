@@ -47,6 +47,8 @@ unsafe impl Sync for OutPtr {}
 
 /// Computes attention for tasks `range` (task = item · n_heads + head) of
 /// layer `layer`, writing each head's output to `out` (`rows × n_heads·d`).
+// Tokens index several parallel per-token buffers (scores, tails, rows).
+#[allow(clippy::needless_range_loop)]
 pub(crate) fn run_tasks(
     items: &[Item<'_>],
     layer: usize,
