@@ -466,8 +466,19 @@ def build_logits_fixture(model: Path, sha: str, meta: dict, out: Path) -> None:
         assert scores.shape == (len(ids), n_vocab)
         assert np.isfinite(scores).all()
         top = [top_k_row(scores[i]) for i in range(len(ids))]
-        teacher_forced.append({"name": name, "token_ids": ids, "top": top})
-        print(f"[logits] teacher_forced {name}: {len(ids)} tokens ({time.time() - t0:.1f}s)")
+        # The same text one token per forward: llama.cpp's multi-token and
+        # one-token paths round differently, and how often their top-1
+        # tokens differ is the floor for any comparison with llama.cpp.
+        llm.reset()
+        for t in ids:
+            llm.eval([t])
+        one = np.array(llm.scores[: len(ids)], dtype=np.float32)
+        top_one = [top_k_row(one[i]) for i in range(len(ids))]
+        same = int((scores.argmax(1) == one.argmax(1)).sum())
+        teacher_forced.append({"name": name, "token_ids": ids, "top": top,
+                               "top_one_token": top_one})
+        print(f"[logits] teacher_forced {name}: {len(ids)} tokens, batch and one-token "
+              f"top-1 agree at {same}/{len(ids)} ({time.time() - t0:.1f}s)")
 
     # --- greedy --------------------------------------------------------------
     im_end = llm.tokenize(b"<|im_end|>", add_bos=False, special=True)
@@ -503,7 +514,8 @@ def build_logits_fixture(model: Path, sha: str, meta: dict, out: Path) -> None:
         "n_threads": N_THREADS,
         "notes": (f"teacher_forced: whole sequence evaluated in one batch (n_ctx={N_CTX}, "
                   f"n_batch={N_BATCH}), top[i] = top-{TOP_K} raw logits [id, logit] after "
-                  "token i, sorted desc. greedy: argmax decoding, fresh context per prompt, "
+                  "token i, sorted desc; top_one_token[i] = the same from evaluating the "
+                  "text one token per forward. greedy: argmax decoding, fresh context per prompt, "
                   f"<= {MAX_NEW_TOKENS} new tokens, stops after EOS/<|im_end|> (included); "
                   "top2_margin[i] = logit gap between best and second-best token at step i."),
         "stop_ids": sorted(stop_ids),

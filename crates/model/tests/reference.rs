@@ -5,10 +5,12 @@
 //! Both implementations quantize activations to int8 blocks before every
 //! matmul, and a rounding flip in one layer cascades: on this 135M model
 //! int8 activations move logits by up to ~2 (our own int8 and f32 paths
-//! differ by that much too, and so do llama.cpp and our f32 path). So top-1
-//! tokens must agree wherever the reference is not at a near-tie (top-2
-//! margin ≥ `TIE`), and greedy continuations must agree at least up to the
-//! first near-tie step.
+//! differ by that much too, and so do llama.cpp and our f32 path, and so do
+//! llama.cpp's own one-batch and one-token paths). So top-1 tokens must
+//! agree wherever the reference is not at a near-tie (top-2 margin ≥
+//! `TIE`), raw top-1 agreement must be within a point of llama.cpp's
+//! agreement with itself, and greedy continuations must agree at least up
+//! to the first near-tie step.
 
 /// A top-2 logit margin below which two correct int8 implementations may
 /// legitimately pick different tokens.
@@ -31,8 +33,11 @@ struct Fixture {
 struct TeacherForced {
     name: String,
     token_ids: Vec<u32>,
-    /// Per position: the reference's top-20 (token, logit), best first.
+    /// Per position: the reference's top-20 (token, logit), best first,
+    /// from evaluating the whole text in one batch.
     top: Vec<Vec<(u32, f32)>>,
+    /// The same from evaluating it one token per forward.
+    top_one_token: Vec<Vec<(u32, f32)>>,
 }
 
 #[derive(Deserialize)]
@@ -49,61 +54,101 @@ fn fixture() -> Fixture {
     serde_json::from_str(raw).expect("parsing logits_reference.json")
 }
 
+/// Top-1 agreement counts of our logits with one of llama.cpp's two paths.
+#[derive(Default)]
+struct Agreement {
+    agree: usize,
+    total: usize,
+    clear: usize,
+    clear_agree: usize,
+    worst_tie: f32,
+    max_delta: f32,
+}
+
+impl Agreement {
+    fn add(&mut self, ours: &[f32], ours_top1: u32, top: &[(u32, f32)]) {
+        let margin = top[0].1 - top[1].1;
+        let same = ours_top1 == top[0].0;
+        self.total += 1;
+        self.agree += same as usize;
+        if margin >= TIE {
+            self.clear += 1;
+            self.clear_agree += same as usize;
+        } else if !same {
+            self.worst_tie = self.worst_tie.max(margin);
+        }
+        for &(tok, want) in top {
+            self.max_delta = self.max_delta.max((ours[tok as usize] - want).abs());
+        }
+    }
+
+    fn rate(&self) -> f64 {
+        self.agree as f64 / self.total as f64
+    }
+
+    fn report(&self, path: &str) {
+        println!(
+            "teacher-forced vs llama.cpp {path}: top-1 agreement {}/{} = {:.2}% of all positions, \
+             {}/{} = {:.2}% where the reference margin >= {TIE} (disagreements at margins <= {:.3}); \
+             max |Δlogit| over the reference top-20 = {:.4}",
+            self.agree,
+            self.total,
+            self.rate() * 100.0,
+            self.clear_agree,
+            self.clear,
+            self.clear_agree as f64 / self.clear as f64 * 100.0,
+            self.worst_tie,
+            self.max_delta
+        );
+    }
+}
+
 #[test]
-fn teacher_forced_top1_matches_llama_cpp_at_99_percent_of_positions() {
+fn teacher_forced_top1_agrees_with_llama_cpp_as_well_as_llama_cpp_agrees_with_itself() {
     let m = model();
     let f = fixture();
-    let (mut agree, mut total, mut max_delta) = (0usize, 0usize, 0f32);
-    let (mut clear, mut clear_agree, mut worst_tie) = (0usize, 0usize, 0f32);
+    let (mut batch, mut one_token) = (Agreement::default(), Agreement::default());
+    // llama.cpp's one-batch and one-token-per-forward paths round
+    // differently; how often their own top-1 tokens differ is the floor of
+    // any comparison with it.
+    let (mut self_agree, mut self_total) = (0usize, 0usize);
     for case in &f.teacher_forced {
         let mut seq = m.new_sequence();
         let logits = m
             .forward(&mut seq, &Block::chain(case.token_ids.clone(), 0).unwrap())
             .unwrap();
-        let mut case_agree = 0;
-        for (pos, top) in case.top.iter().enumerate() {
-            let row = logits.row(pos);
-            let margin = top[0].1 - top[1].1;
-            let same = logits.argmax(pos) == top[0].0;
-            case_agree += same as usize;
-            if margin >= TIE {
-                clear += 1;
-                clear_agree += same as usize;
-            } else if !same {
-                worst_tie = worst_tie.max(margin);
-            }
-            for &(tok, want) in top {
-                max_delta = max_delta.max((row[tok as usize] - want).abs());
-            }
+        for (pos, (top, top_one)) in case.top.iter().zip(&case.top_one_token).enumerate() {
+            let top1 = logits.argmax(pos);
+            batch.add(logits.row(pos), top1, top);
+            one_token.add(logits.row(pos), top1, top_one);
+            self_agree += (top[0].0 == top_one[0].0) as usize;
+            self_total += 1;
         }
-        println!(
-            "{}: top-1 agrees at {case_agree}/{} positions",
-            case.name,
-            case.top.len()
-        );
-        agree += case_agree;
-        total += case.top.len();
     }
-    let rate = agree as f64 / total as f64;
-    let clear_rate = clear_agree as f64 / clear as f64;
+    let self_rate = self_agree as f64 / self_total as f64;
     println!(
-        "teacher-forced: top-1 agreement {agree}/{total} = {:.2}% of all positions, \
-         {clear_agree}/{clear} = {:.2}% where the reference margin >= {TIE} \
-         (disagreements at margins <= {worst_tie:.3}); max |Δlogit| over the reference top-20 = {max_delta:.4}",
-        rate * 100.0,
-        clear_rate * 100.0
+        "llama.cpp one batch vs one token per forward: top-1 agreement {self_agree}/{self_total} = {:.2}%",
+        self_rate * 100.0
     );
-    assert!(
-        clear_rate >= 0.99,
-        "top-1 agreement at clear positions {clear_rate:.4} < 0.99"
-    );
-    // Raw agreement moves by a few points with any change of rounding (it
-    // is decided at near-ties); it only guards against gross errors.
-    assert!(rate >= 0.92, "top-1 agreement {rate:.4} < 0.92");
-    assert!(
-        max_delta < 3.0,
-        "max |Δlogit| {max_delta} exceeds int8 activation noise"
-    );
+    for (path, a) in [("one batch", &batch), ("one token per forward", &one_token)] {
+        a.report(path);
+        assert!(
+            a.clear_agree as f64 / a.clear as f64 >= 0.99,
+            "vs llama.cpp {path}: top-1 agreement at clear positions below 99%"
+        );
+        // Raw agreement is decided at near-ties: it must be within a point
+        // of llama.cpp's agreement with itself.
+        assert!(
+            a.rate() >= self_rate - 0.01,
+            "vs llama.cpp {path}: top-1 agreement {:.4} is more than a point below llama.cpp's own {self_rate:.4}",
+            a.rate()
+        );
+        assert!(
+            a.max_delta < 3.0,
+            "vs llama.cpp {path}: max |Δlogit| {} exceeds int8 activation noise",
+            a.max_delta
+        );
+    }
 }
 
 #[test]
