@@ -117,6 +117,7 @@ fn teacher_forced_top1_agrees_with_llama_cpp_as_well_as_llama_cpp_agrees_with_it
         let logits = m
             .forward(&mut seq, &Block::chain(case.token_ids.clone(), 0).unwrap())
             .unwrap();
+        let before = batch.agree;
         for (pos, (top, top_one)) in case.top.iter().zip(&case.top_one_token).enumerate() {
             let top1 = logits.argmax(pos);
             batch.add(logits.row(pos), top1, top);
@@ -124,6 +125,12 @@ fn teacher_forced_top1_agrees_with_llama_cpp_as_well_as_llama_cpp_agrees_with_it
             self_agree += (top[0].0 == top_one[0].0) as usize;
             self_total += 1;
         }
+        println!(
+            "{}: top-1 agrees with llama.cpp's one-batch path at {}/{} positions",
+            case.name,
+            batch.agree - before,
+            case.top.len()
+        );
     }
     let self_rate = self_agree as f64 / self_total as f64;
     println!(
