@@ -23,6 +23,7 @@
 mod attention;
 mod block;
 mod config;
+pub mod cost;
 mod error;
 mod forward;
 mod load;

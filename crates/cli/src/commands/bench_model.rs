@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use serde::Serialize;
-use specmesh_model::{Block, Sequence};
+use specmesh_model::Block;
 use specmesh_sampling::SamplingParams;
 
 use crate::commands::generate::decode;
@@ -112,15 +112,12 @@ pub fn run(args: Args) -> Result<()> {
     // Prefill: a fresh sequence each time.
     let prompt = tokens(args.context, 1);
     let prefill = Block::chain(prompt.clone(), 0)?.last_logits_only();
-    let mut base: Option<Sequence> = None;
     let mut times = Vec::new();
     for _ in 0..args.reps.min(3) {
         let mut seq = model.new_sequence();
         let t = Instant::now();
         model.forward(&mut seq, &prefill)?;
         times.push(t.elapsed().as_secs_f64());
-        seq.commit(&(0..prompt.len()).collect::<Vec<_>>())?;
-        base = Some(seq);
     }
     let prefill_tps = args.context as f64 / median(times);
     eprintln!(
@@ -146,52 +143,22 @@ pub fn run(args: Args) -> Result<()> {
     );
 
     // Cost curve: a k-token chain on top of `context` committed tokens.
-    let mut base = base.expect("at least one prefill rep");
-    // The first timed forwards after the decode run come out slower (clock
-    // and thread wake-up): without this warm-up, whichever k is measured
-    // first looks ~40% more expensive than it is.
-    let warm = Block::chain(tokens(1, 4), base.len())?;
-    for _ in 0..2 * args.reps {
-        model.forward(&mut base, &warm)?;
-        base.discard();
-    }
-    // Round-robin over k, rep by rep: this VM's speed drifts by tens of
-    // percent from one minute to the next, and measuring every k in each
-    // round keeps that drift out of the ratios.
     anyhow::ensure!(args.ks.iter().all(|&k| k >= 1), "every k must be >= 1");
-    let blocks = args
-        .ks
-        .iter()
-        .map(|&k| Block::chain(tokens(k, 3), base.len()))
-        .collect::<Result<Vec<_>, _>>()?;
-    for block in &blocks {
-        model.forward(&mut base, block)?; // warm-up
-        base.discard();
-    }
-    let mut times = vec![Vec::with_capacity(args.reps); blocks.len()];
-    for _ in 0..args.reps {
-        for (block, times) in blocks.iter().zip(&mut times) {
-            let t = Instant::now();
-            model.forward(&mut base, block)?;
-            times.push(t.elapsed().as_secs_f64());
-            base.discard();
-        }
-    }
+    let samples = specmesh_model::cost::measure(&model, args.context, &args.ks, args.reps)?;
+    let (k1, k1_best) = (samples[0].median * 1e3, samples[0].fastest * 1e3);
     let mut curve = Vec::new();
-    let mut one: Option<(f64, f64)> = None;
-    for (&k, times) in args.ks.iter().zip(times) {
-        let best_ms = times.iter().copied().fold(f64::INFINITY, f64::min) * 1e3;
-        let ms = median(times) * 1e3;
-        let (k1, k1_best) = *one.get_or_insert((ms, best_ms));
+    for s in samples {
+        let (ms, best_ms) = (s.median * 1e3, s.fastest * 1e3);
         curve.push(CostPoint {
-            k,
+            k: s.k,
             ms,
             relative_to_k1: ms / k1,
             best_ms,
             best_relative_to_k1: best_ms / k1_best,
         });
         eprintln!(
-            "k={k:<3} {ms:>8.2} ms  {:>5.2}x   (fastest {best_ms:.2} ms, {:.2}x)",
+            "k={:<3} {ms:>8.2} ms  {:>5.2}x   (fastest {best_ms:.2} ms, {:.2}x)",
+            s.k,
             ms / k1,
             best_ms / k1_best
         );
