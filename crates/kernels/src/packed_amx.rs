@@ -2,9 +2,8 @@
 //!
 //! A 1-token step is bound by weight reads, but a k-token verify forward is
 //! bound by multiply-adds: `vpdpbusd` does 64 per instruction, one AMX
-//! `tdpbsud` up to 16 × 16 × 32. Here one tile instruction dots a 32-input
-//! block of 8 weight rows with up to 16 activation rows, so the multiply-adds
-//! of a whole tree ride on one pass over the weights.
+//! `tdpbsud` up to 16 × 16 × 64. Here one tile product dots a 32-input block
+//! of 16 weight rows (two groups) with up to 16 activation rows.
 //!
 //! The integer block sums are exact whoever computes them, and the float
 //! epilogue below does per lane exactly what `packed_x86`'s 512-bit pair
@@ -12,11 +11,16 @@
 //! bit-identical to the VNNI kernels', so the caller may use tiles for large
 //! k and VNNI for small k without breaking batch invariance.
 //!
-//! Tiles (palette 1): tmm0 = activations (t rows × 32 i8), tmm1 / tmm2 =
-//! the two groups' weights (8 rows of 4 inputs × 8 output rows), tmm3 /
-//! tmm4 = their i32 sums (t rows × 8 output rows). The GGML Q4_1 nibbles are
-//! unpacked to one byte each per block; Q8_0 group-blocks are already in the
-//! tile's layout and load straight from the packed matrix.
+//! Why this is opt-in (`Isa::AmxInt8`): GGML scales every 32-input block, so
+//! each block's sums still need a float epilogue per (token, 16 rows), and
+//! that epilogue, not the dot products, bounds the kernel. Measured on this
+//! 2-core VM it runs no faster than VNNI (README, "AMX-INT8").
+//!
+//! Tiles (palette 1), two sets so consecutive blocks do not wait on each
+//! other's registers: tmm0 / tmm1 = activations (t rows × 32 i8), tmm2 /
+//! tmm3 = weights (8 rows of 4 inputs × 16 output rows), tmm4 / tmm5 = sums
+//! (t rows × 16 i32). Q4_1 nibbles are unpacked to one byte each and both
+//! formats' two groups interleaved per tile row.
 
 // Tile loops index several parallel register arrays by the same counter.
 #![allow(clippy::needless_range_loop)]
