@@ -16,7 +16,8 @@
 //!
 //! The instruction set is chosen once at run time ([`Isa::detect`]): AVX-512
 //! VNNI or AVX-VNNI `vpdpbusd`, else AVX2 `vpmaddubsw`, else portable scalar
-//! code. AMX-INT8 tiles are opt-in ([`Isa::AmxInt8`]). All integer paths produce identical integer dot products; only the
+//! code; AMX-INT8 tiles are opt-in ([`Isa::AmxInt8`]). All integer paths
+//! produce identical integer dot products; only the
 //! float accumulation order differs between ISAs (never between calls).
 
 mod act;
