@@ -45,75 +45,106 @@ pub(crate) struct OutPtr(pub *mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// Computes attention for tasks `range` (task = item · n_heads + head) of
-/// layer `layer`, writing each head's output to `out` (`rows × n_heads·d`).
-// Tokens index several parallel per-token buffers (scores, tails, rows).
+/// Attention tasks for a batch: each is a part of the queries (query head
+/// × block token) that read one KV head of one item. Queries of one KV head
+/// share every prefix chunk they load; the parts keep both cores busy when
+/// there are few KV heads (3 for SmolLM2).
+pub(crate) fn task_count(items: &[Item<'_>], shape: &Shape, threads: usize) -> usize {
+    items.len() * shape.n_kv_heads * parts(items, shape, threads)
+}
+
+fn parts(items: &[Item<'_>], shape: &Shape, threads: usize) -> usize {
+    let groups = items.len() * shape.n_kv_heads;
+    (2 * threads).div_ceil(groups.max(1)).max(1)
+}
+
+/// Computes attention for tasks `range` (see [`task_count`]) of layer
+/// `layer`, writing each head's output to `out` (`rows × n_heads·d`).
+// Queries index several parallel buffers (scores, tails, rows).
 #[allow(clippy::needless_range_loop)]
 pub(crate) fn run_tasks(
     items: &[Item<'_>],
     layer: usize,
     qkv: &[f32],
     shape: &Shape,
+    threads: usize,
     out: OutPtr,
     range: std::ops::Range<usize>,
 ) {
     let d = shape.head_dim;
     let scale = 1.0 / (d as f32).sqrt();
+    let per_group = shape.n_heads / shape.n_kv_heads;
+    let parts = parts(items, shape, threads);
     let mut attended: Vec<usize> = Vec::new();
     let mut prefix: Vec<usize> = Vec::new();
     let mut tails: Vec<Vec<usize>> = Vec::new();
     let mut scores: Vec<Vec<f32>> = Vec::new();
     for task in range {
-        let (it, head) = (task / shape.n_heads, task % shape.n_heads);
+        let (it, g, part) = (
+            task / (shape.n_kv_heads * parts),
+            task / parts % shape.n_kv_heads,
+            task % parts,
+        );
         let item = &items[it];
         let (len, n) = (item.seq.len(), item.block.len());
+        // Query q is (head g · per_group + q / n, token q % n).
+        let nq = per_group * n;
+        let queries = nq * part / parts..nq * (part + 1) / parts;
+        if queries.is_empty() {
+            continue;
+        }
         let (kc, vc) = item.seq.layer(layer);
         // Slot s of KV head g starts at s · kv_dim + g · d.
-        let g = head * shape.n_kv_heads / shape.n_heads;
         let (kc, vc) = (&kc[g * d..], &vc[g * d..]);
         prefix.clear();
         prefix.extend(0..len);
         if tails.len() < n {
             tails.resize_with(n, Vec::new);
-            scores.resize_with(n, Vec::new);
+        }
+        if scores.len() < nq {
+            scores.resize_with(nq, Vec::new);
         }
         for r in 0..n {
             item.block.attended(r, &mut attended);
             tails[r].clear();
             tails[r].extend(attended.iter().map(|a| len + a));
-            scores[r].resize(len + tails[r].len(), 0.0);
         }
-        let query = |r: usize| &qkv[(item.row0 + r) * shape.qkv_stride + head * d..][..d];
+        let head = |q: usize| g * per_group + q / n;
+        let query = |q: usize| &qkv[(item.row0 + q % n) * shape.qkv_stride + head(q) * d..][..d];
         // SAFETY: see `OutPtr`; (row, head) belongs to this task alone.
-        let dst = |r: usize| unsafe {
+        let dst = |q: usize| unsafe {
             std::slice::from_raw_parts_mut(
-                out.0.add(((item.row0 + r) * shape.n_heads + head) * d),
+                out.0
+                    .add(((item.row0 + q % n) * shape.n_heads + head(q)) * d),
                 d,
             )
         };
+        for q in queries.clone() {
+            scores[q].resize(len + tails[q % n].len(), 0.0);
+        }
 
         for c0 in (0..len).step_by(PREFIX_CHUNK) {
             let c1 = (c0 + PREFIX_CHUNK).min(len);
-            for r in 0..n {
-                let s = &mut scores[r][c0..c1];
-                attn::qk_scores(query(r), kc, shape.kv_dim, &prefix[c0..c1], scale, s);
+            for q in queries.clone() {
+                let s = &mut scores[q][c0..c1];
+                attn::qk_scores(query(q), kc, shape.kv_dim, &prefix[c0..c1], scale, s);
             }
         }
-        for r in 0..n {
-            let s = &mut scores[r][len..];
-            attn::qk_scores(query(r), kc, shape.kv_dim, &tails[r], scale, s);
-            vec::softmax(&mut scores[r]);
-            dst(r).fill(0.0);
+        for q in queries.clone() {
+            let s = &mut scores[q][len..];
+            attn::qk_scores(query(q), kc, shape.kv_dim, &tails[q % n], scale, s);
+            vec::softmax(&mut scores[q]);
+            dst(q).fill(0.0);
         }
         for c0 in (0..len).step_by(PREFIX_CHUNK) {
             let c1 = (c0 + PREFIX_CHUNK).min(len);
-            for r in 0..n {
-                let p = &scores[r][c0..c1];
-                attn::pv_accumulate(p, vc, shape.kv_dim, &prefix[c0..c1], dst(r));
+            for q in queries.clone() {
+                let p = &scores[q][c0..c1];
+                attn::pv_accumulate(p, vc, shape.kv_dim, &prefix[c0..c1], dst(q));
             }
         }
-        for r in 0..n {
-            attn::pv_accumulate(&scores[r][len..], vc, shape.kv_dim, &tails[r], dst(r));
+        for q in queries {
+            attn::pv_accumulate(&scores[q][len..], vc, shape.kv_dim, &tails[q % n], dst(q));
         }
     }
 }

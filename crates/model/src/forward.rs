@@ -138,8 +138,9 @@ pub(crate) fn run(
         };
         let out = OutPtr(s.attn.as_mut_ptr());
         let qkv = &s.qkv;
-        pool.for_ranges(views.len() * cfg.n_heads, &|range| {
-            attention::run_tasks(&views, l, qkv, &shape, out, range)
+        let threads = pool.threads();
+        pool.for_ranges(attention::task_count(&views, &shape, threads), &|range| {
+            attention::run_tasks(&views, l, qkv, &shape, threads, out, range)
         });
 
         w.wo.forward(&s.attn, &mut s.q8, &mut s.proj, isa, pool);
