@@ -9,8 +9,9 @@
 # Unlike tools/reference/setup.sh (portable build, used for accuracy
 # fixtures), llama.cpp is compiled here with the SIMD extensions our own
 # kernels use (AVX2/FMA, AVX-512 with VNNI): a speed peer must get the same
-# hardware as ours. Not -DGGML_NATIVE=ON: on this VM that also turns on AMX,
-# whose tiles the kernel does not grant, and the peer dies of SIGILL.
+# hardware as ours. Not -DGGML_NATIVE=ON: on this VM that build died of
+# SIGILL (cause not found; it is not AMX as such, whose tiles the kernel
+# grants to a process that asks, see crates/kernels/src/packed_amx.rs).
 #
 # Env:
 #   SPECMESH_PEER_VENV           venv location (default ~/.cache/specmesh/venv-peer)

@@ -97,8 +97,8 @@ fn request_tile_data() -> bool {
 
 /// The 64-byte tile configuration for t activation rows: two sets of
 /// (activations tmm0/1: t × 32 i8, weights tmm2/3: 8 × 64, sums tmm4/5:
-/// t × 16 i32), so one block's tile work overlaps the previous block's
-/// float epilogue.
+/// t × 16 i32), so that consecutive blocks' products do not wait on each
+/// other's registers.
 #[repr(C, align(64))]
 struct TileConfig([u8; 64]);
 

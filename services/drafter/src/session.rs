@@ -156,6 +156,11 @@ pub struct DraftSession {
     ahead: Option<(u64, u64)>,
     /// A decision to draft, taken ahead, for the step after the last tree.
     deferred: Option<Plan>,
+    /// The last applied outcome, until its time is recorded: nodes drafted
+    /// for it, the verifier's batch, the steps it reports.
+    untimed: Option<(usize, usize, usize)>,
+    /// When the previous outcome arrived.
+    last_outcome: Option<Instant>,
 }
 
 impl DraftSession {
@@ -189,7 +194,30 @@ impl DraftSession {
             pipeline,
             ahead: None,
             deferred: None,
+            untimed: None,
+            last_outcome: None,
         })
+    }
+
+    /// The measured extra cost of a speculative step beyond its forward, in
+    /// plain steps (see [`Self::record_step_time`]).
+    pub fn step_overhead(&self) -> f64 {
+        self.policy.timing().overhead()
+    }
+
+    /// Times the outcome just applied, arrived at `now`: the time since the
+    /// previous outcome is what its steps cost this session (drafting,
+    /// round trip and verification included), which teaches the policy the
+    /// overhead of speculating (`specmesh_draft::StepTiming`). The first
+    /// outcome only starts the clock: its time includes the prefill.
+    pub fn record_step_time(&mut self, now: Instant) {
+        let Some((drafted, batch, steps)) = self.untimed.take() else {
+            return;
+        };
+        if let Some(prev) = self.last_outcome.replace(now) {
+            let secs = now.saturating_duration_since(prev).as_secs_f64();
+            self.policy.observe_step_time(drafted, batch, steps, secs);
+        }
     }
 
     /// Whether drafting under `plan` may run a model forward (milliseconds:

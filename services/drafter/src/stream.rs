@@ -22,7 +22,7 @@
 //! corrupted context, and one cut by shutdown dies with the process's index.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use specmesh_proto::v1;
 use specmesh_proto::v1::draft_request::Kind;
@@ -129,6 +129,7 @@ impl DraftStream {
                     best_path_hits = tally.best_path_hits,
                     accepted = tally.accepted,
                     ignored = tally.ignored,
+                    step_overhead = session.step_overhead(),
                     "draft session ended"
                 );
                 index_output(shared, session).await;
@@ -200,6 +201,7 @@ impl DraftStream {
             };
             let step = outcome.step;
             let applied = session.apply(outcome)?;
+            session.record_step_time(Instant::now());
             if let Some(r) = applied.reported() {
                 self.tally.add(r);
                 self.shared.stats.accepted(r.accepted);

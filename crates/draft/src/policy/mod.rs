@@ -7,7 +7,10 @@
 //! target accepted that depth given it accepted the one above). The
 //! [`SpecPolicy`] picks the node budget that maximises expected committed
 //! tokens per unit of verify time, which is zero drafted nodes (plain
-//! decoding) when nothing pays.
+//! decoding) when nothing pays. A speculative step also costs more than its
+//! forward (waiting for the tree, verifying it, the drafter's CPU): that
+//! overhead is measured from the session's own step durations
+//! ([`StepTiming`]) and added to the curve's price.
 //!
 //! Everything here is pure arithmetic on a handful of numbers, cheap enough
 //! to run every step.
@@ -40,11 +43,13 @@ mod acceptance;
 mod curve;
 #[cfg(test)]
 mod tests;
+mod timing;
 
 use specmesh_tree::TreeLimits;
 
 pub use acceptance::{AcceptanceStats, offered_and_accepted};
 pub use curve::CostCurve;
+pub use timing::StepTiming;
 
 use crate::Feedback;
 
@@ -188,6 +193,7 @@ pub struct SpecPolicy {
     config: PolicyConfig,
     curve: CostCurve,
     stats: AcceptanceStats,
+    timing: StepTiming,
     off_streak: u32,
 }
 
@@ -217,6 +223,7 @@ impl SpecPolicy {
             config,
             curve,
             stats,
+            timing: StepTiming::default(),
             off_streak: 0,
         })
     }
@@ -240,6 +247,29 @@ impl SpecPolicy {
     /// See [`AcceptanceStats::observe`].
     pub fn observe(&mut self, offered: usize, accepted: usize) {
         self.stats.observe(offered, accepted);
+    }
+
+    /// A step (or a run of `steps` plain steps) that drafted `drafted` nodes
+    /// in a verifier batch of `batch` took `secs`, outcome to outcome: see
+    /// [`StepTiming`].
+    pub fn observe_step_time(&mut self, drafted: usize, batch: usize, steps: usize, secs: f64) {
+        if drafted == 0 {
+            self.timing.observe_plain(steps, secs);
+        } else {
+            let predicted = self.curve.step_cost(drafted, batch.max(1));
+            self.timing.observe_speculative(secs, predicted);
+        }
+    }
+
+    pub fn timing(&self) -> &StepTiming {
+        &self.timing
+    }
+
+    /// What a speculative step drafting `drafted` nodes costs, relative to
+    /// a plain one: the verify forward (the curve) plus the measured
+    /// overhead of speculating.
+    fn step_cost(&self, drafted: usize, batch: usize) -> f64 {
+        self.curve.step_cost(drafted, batch) + self.timing.overhead()
     }
 
     /// See [`AcceptanceStats::observe_feedback`].
@@ -277,7 +307,7 @@ impl SpecPolicy {
         Decision {
             budget,
             expected_tokens: shape.expected.last().copied().unwrap_or(1.0),
-            relative_cost: self.curve.step_cost(depth, batch),
+            relative_cost: self.step_cost(depth, batch),
             probe: true,
         }
     }
@@ -343,7 +373,7 @@ impl SpecPolicy {
                     max_depth: shape.depth[k],
                 },
                 expected_tokens: shape.expected[k],
-                relative_cost: self.curve.step_cost(k, batch),
+                relative_cost: self.step_cost(k, batch),
                 probe: false,
             };
             // Strictly better only: ties keep the smaller, cheaper budget.

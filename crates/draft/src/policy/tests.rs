@@ -301,3 +301,39 @@ fn a_decided_run_equals_deciding_each_step() {
         "runs of off steps are exercised: {runs} of {cases}"
     );
 }
+
+#[test]
+fn a_measured_step_overhead_is_priced_into_every_speculative_step() {
+    let curve =
+        CostCurve::new(vec![(1, 1.0), (2, 1.18), (4, 1.47), (8, 2.17), (16, 3.71)]).unwrap();
+    for (accepted, still_pays) in [(3usize, true), (1, false)] {
+        let mut p = SpecPolicy::new(curve.clone(), PolicyConfig::default()).unwrap();
+        for _ in 0..200 {
+            p.observe(4, accepted);
+        }
+        let free = p.best(1);
+        assert!(
+            !free.budget.is_off(),
+            "speculation pays at no overhead: {free:?}"
+        );
+        // Plain steps take 10 ms and speculative ones 10 ms more than the
+        // curve says: a whole plain step of overhead.
+        p.observe_step_time(0, 1, 4, 0.040);
+        for _ in 0..200 {
+            let predicted = p.curve().step_cost(free.budget.drafted(), 1);
+            p.observe_step_time(free.budget.drafted(), 1, 1, 0.010 * (predicted + 1.0));
+        }
+        assert!(
+            (p.timing().overhead() - 1.0).abs() < 0.01,
+            "{}",
+            p.timing().overhead()
+        );
+        let taxed = p.best(1);
+        assert!(taxed.expected_speedup() < free.expected_speedup());
+        assert_eq!(!taxed.budget.is_off(), still_pays, "{free:?} -> {taxed:?}");
+        if still_pays {
+            let plain = p.curve().step_cost(taxed.budget.drafted(), 1);
+            assert!((taxed.relative_cost - plain - 1.0).abs() < 0.01);
+        }
+    }
+}

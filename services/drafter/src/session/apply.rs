@@ -48,6 +48,10 @@ impl DraftSession {
             return Err(SessionError::invalid("outcome.span", reason));
         }
         let awaited = self.awaited.take().expect("checked above");
+        let drafted = match &awaited {
+            Awaited::Tree { tree, .. } => tree.len() - 1,
+            Awaited::Span { .. } => 0,
+        };
         let applied = match &awaited {
             Awaited::Tree { tree, .. } => self.apply_tree(wire, tree),
             Awaited::Span { .. } => self.apply_span(wire, span as usize),
@@ -59,6 +63,7 @@ impl DraftSession {
                 return Err(e);
             }
         };
+        self.untimed = Some((drafted, batch, span as usize));
         if step < last {
             self.awaited = Some(Awaited::Span {
                 next: step + 1,
