@@ -332,20 +332,8 @@ impl QMatrix {
                 while r < k {
                     let t = (k - r).min(crate::packed_amx::MAX_T);
                     let mut emit = |g: usize, res: &crate::packed_amx::PairOut| {
-                        for (s, res) in res.iter().enumerate() {
-                            let j0 = (g + s) * packed::GROUP;
-                            let width = packed::GROUP.min(n - j0);
-                            for (i, row) in res.iter().enumerate().take(t) {
-                                // SAFETY: as below.
-                                unsafe {
-                                    std::ptr::copy_nonoverlapping(
-                                        row.as_ptr(),
-                                        optr.ptr().add((r + i) * n + j0),
-                                        width,
-                                    )
-                                };
-                            }
-                        }
+                        // SAFETY: as below.
+                        unsafe { scatter(optr, n, g, res, r, t) }
                     };
                     // SAFETY: groups g..g + 2 · pairs exist in `data` (packed,
                     // `nb` blocks per row), rows r..r + t exist in `acts`, and
@@ -392,26 +380,41 @@ impl QMatrix {
                         (_, Some(f)) => unsafe { f(data, nb, g, acts, r, t, &mut tmp[0]) },
                         _ => packed::group_scalar(format, data, cols, g, acts, r, t, &mut tmp[0]),
                     }
-                    for (s, res) in tmp.iter().enumerate().take(span) {
-                        let j0 = (g + s) * packed::GROUP;
-                        let width = packed::GROUP.min(n - j0);
-                        for (i, row) in res.iter().enumerate().take(t) {
-                            // SAFETY: row r + i < k and columns j0..j0 + width
-                            // < n lie inside `out` and belong to this thread.
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    row.as_ptr(),
-                                    optr.ptr().add((r + i) * n + j0),
-                                    width,
-                                )
-                            };
-                        }
-                    }
+                    // SAFETY: rows r..r + t < k and groups g..g + span of
+                    // `out` belong to this thread.
+                    unsafe { scatter(optr, n, g, &tmp[..span], r, t) };
                     r += t;
                 }
                 g += span;
             }
         });
+    }
+}
+
+/// Copies a kernel call's results, `res[s][i]` for group g + s and
+/// activation row r + i (i < t), into `out` (`k × n`), the last group
+/// clipped at `n` features.
+///
+/// # Safety
+/// Rows r..r + t and groups g..g + res.len() must lie inside `out`, and no
+/// other thread may write them.
+unsafe fn scatter<const R: usize>(
+    out: OutPtr,
+    n: usize,
+    g: usize,
+    res: &[[[f32; packed::GROUP]; R]],
+    r: usize,
+    t: usize,
+) {
+    for (s, res) in res.iter().enumerate() {
+        let j0 = (g + s) * packed::GROUP;
+        let width = packed::GROUP.min(n - j0);
+        for (i, row) in res.iter().enumerate().take(t) {
+            // SAFETY: see the function's contract.
+            unsafe {
+                std::ptr::copy_nonoverlapping(row.as_ptr(), out.ptr().add((r + i) * n + j0), width)
+            };
+        }
     }
 }
 

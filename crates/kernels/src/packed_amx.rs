@@ -32,6 +32,7 @@ use std::sync::OnceLock;
 use crate::act::{BlockQ8, QuantizedRows};
 use crate::format::QFormat;
 use crate::packed::{GROUP, group_block_bytes};
+use crate::packed_x86::{halves_pair, store_pair};
 
 /// Activation rows per tile call at most (a tile has 16 rows).
 pub(crate) const MAX_T: usize = 16;
@@ -280,28 +281,6 @@ unsafe fn finish<const Q4_1: bool, const T: usize>(
     }
 }
 
-/// Sixteen f16 (8 at `a`, 8 at `b`) as f32, as in the VNNI pair kernels.
-#[inline(always)]
-unsafe fn halves_pair(a: *const u8, b: *const u8) -> __m512 {
-    unsafe {
-        _mm512_cvtph_ps(_mm256_set_m128i(
-            _mm_loadu_si128(b as *const __m128i),
-            _mm_loadu_si128(a as *const __m128i),
-        ))
-    }
-}
-
-#[inline(always)]
-unsafe fn store_out(v: __m512, out: &mut PairOut, t: usize) {
-    unsafe {
-        _mm256_storeu_ps(out[0][t].as_mut_ptr(), _mm512_castps512_ps256(v));
-        _mm256_storeu_ps(
-            out[1][t].as_mut_ptr(),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)),
-        );
-    }
-}
-
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pairs<const Q4_1: bool, const T: usize>(
@@ -361,7 +340,7 @@ unsafe fn pairs<const Q4_1: bool, const T: usize>(
                 } else {
                     acc[ti]
                 };
-                store_out(v, &mut out, ti);
+                store_pair(v, &mut out, ti);
             }
             emit(g, &out);
         }

@@ -242,7 +242,7 @@ unsafe fn load_pair(a: *const u8, b: *const u8) -> __m512i {
 
 /// Sixteen f16 (8 at `a`, 8 at `b`) as f32.
 #[inline(always)]
-unsafe fn halves_pair(a: *const u8, b: *const u8) -> __m512 {
+pub(crate) unsafe fn halves_pair(a: *const u8, b: *const u8) -> __m512 {
     unsafe {
         _mm512_cvtph_ps(_mm256_set_m128i(
             _mm_loadu_si128(b as *const __m128i),
@@ -256,8 +256,13 @@ unsafe fn bcast4_512(a: &BlockQ8, at: usize) -> __m512i {
     unsafe { _mm512_set1_epi32(std::ptr::read_unaligned(a.qs.as_ptr().add(at) as *const i32)) }
 }
 
+/// Row `t` of a two-group result: lanes 0–7 to group g, 8–15 to g + 1.
 #[inline(always)]
-unsafe fn store_pair(v: __m512, out: &mut [GroupOut; 2], t: usize) {
+pub(crate) unsafe fn store_pair<const R: usize>(
+    v: __m512,
+    out: &mut [[[f32; GROUP]; R]; 2],
+    t: usize,
+) {
     unsafe {
         _mm256_storeu_ps(out[0][t].as_mut_ptr(), _mm512_castps512_ps256(v));
         _mm256_storeu_ps(
