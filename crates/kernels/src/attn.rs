@@ -345,4 +345,84 @@ mod tests {
             );
         }
     }
+
+    /// Every implementation of the two loops this machine can run, by name:
+    /// the dispatching functions pick one, and the others must stay
+    /// correct for the CPUs that get them.
+    type Qk = fn(&[f32], &[f32], usize, &[usize], f32, &mut [f32]);
+    type Pv = fn(&[f32], &[f32], usize, &[usize], &mut [f32]);
+
+    fn implementations() -> Vec<(&'static str, Qk, Pv)> {
+        let mut v: Vec<(&'static str, Qk, Pv)> = vec![("dispatch", qk_scores, pv_accumulate)];
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))]
+        v.push((
+            "avx2",
+            |q, k, st, sl, sc, o| match q.len() {
+                64 => unsafe { x86::qk::<8>(q, k, st, sl, sc, o) },
+                _ => unsafe { x86::qk::<16>(q, k, st, sl, sc, o) },
+            },
+            |p, v, st, sl, o| match o.len() {
+                64 => unsafe { x86::pv::<8>(p, v, st, sl, o) },
+                _ => unsafe { x86::pv::<16>(p, v, st, sl, o) },
+            },
+        ));
+        #[cfg(target_arch = "x86_64")]
+        if avx512::available() {
+            v.push((
+                "avx512",
+                |q, k, st, sl, sc, o| match q.len() {
+                    64 => unsafe { avx512::qk::<4>(q, k, st, sl, sc, o) },
+                    _ => unsafe { avx512::qk::<8>(q, k, st, sl, sc, o) },
+                },
+                |p, v, st, sl, o| match o.len() {
+                    64 => unsafe { avx512::pv::<4>(p, v, st, sl, o) },
+                    _ => unsafe { avx512::pv::<8>(p, v, st, sl, o) },
+                },
+            ));
+        }
+        v
+    }
+
+    #[test]
+    fn every_implementation_is_right_and_place_independent() {
+        for (name, qk, pv) in implementations() {
+            for d in [64usize, 128] {
+                let stride = d * 3;
+                let k: Vec<f32> = (0..stride * 12)
+                    .map(|i| ((i * 7919) % 997) as f32 / 300.0 - 1.6)
+                    .collect();
+                let q: Vec<f32> = (0..d).map(|i| ((i * 31) % 17) as f32 / 7.0 - 1.1).collect();
+                let slots: Vec<usize> = (0..11).map(|i| (i * 5 + 2) % 12).collect();
+                let mut s = vec![0.0; slots.len()];
+                qk(&q, &k, stride, &slots, 0.25, &mut s);
+                let mut alone = [0.0];
+                for (i, &slot) in slots.iter().enumerate() {
+                    let row = &k[slot * stride..slot * stride + d];
+                    let want: f64 = q.iter().zip(row).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    assert!((s[i] as f64 - want * 0.25).abs() < 1e-3, "{name} d={d}");
+                    qk(&q, &k, stride, &[slot], 0.25, &mut alone);
+                    assert_eq!(alone[0].to_bits(), s[i].to_bits(), "{name} d={d} slot {i}");
+                }
+                let p: Vec<f32> = (0..slots.len()).map(|i| 0.05 * (i + 1) as f32).collect();
+                let mut out = vec![0.0; d];
+                pv(&p, &k, stride, &slots, &mut out);
+                let mut pieces = vec![0.0; d];
+                pv(&p[..5], &k, stride, &slots[..5], &mut pieces);
+                pv(&p[5..], &k, stride, &slots[5..], &mut pieces);
+                assert_eq!(out, pieces, "{name} d={d}");
+                for j in 0..d {
+                    let want: f64 = slots
+                        .iter()
+                        .zip(&p)
+                        .map(|(&sl, w)| *w as f64 * k[sl * stride + j] as f64)
+                        .sum();
+                    assert!((out[j] as f64 - want).abs() < 1e-4, "{name} d={d}");
+                }
+            }
+        }
+    }
 }
