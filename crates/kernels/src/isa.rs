@@ -61,15 +61,6 @@ impl Isa {
         }
     }
 
-    /// The ISA whose vector kernels this one runs where it has none of its
-    /// own (AMX tiles serve only multi-row calls of packed formats).
-    pub(crate) fn vector(self) -> Isa {
-        match self {
-            Isa::AmxInt8 => Isa::Avx512Vnni,
-            isa => isa,
-        }
-    }
-
     /// Parses a name as printed by `Display` (`scalar`, `avx2`, `avx-vnni`, `avx512-vnni`).
     pub fn from_name(name: &str) -> Option<Isa> {
         Isa::ALL.into_iter().find(|isa| isa.to_string() == name)

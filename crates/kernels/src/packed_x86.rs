@@ -393,9 +393,9 @@ pair_entry!(q8_0_pair, q8_0_pair_512);
 
 /// The two-group kernel for `fmt`, on AVX-512 VNNI only.
 pub(crate) fn pair_fn(isa: Isa, fmt: QFormat) -> Option<PairFn> {
-    match (isa.vector(), fmt) {
-        (Isa::Avx512Vnni, QFormat::Q4_1) => Some(q4_1_pair_512),
-        (Isa::Avx512Vnni, QFormat::Q8_0) => Some(q8_0_pair_512),
+    match (isa, fmt) {
+        (Isa::Avx512Vnni | Isa::AmxInt8, QFormat::Q4_1) => Some(q4_1_pair_512),
+        (Isa::Avx512Vnni | Isa::AmxInt8, QFormat::Q8_0) => Some(q8_0_pair_512),
         _ => None,
     }
 }

@@ -1,12 +1,12 @@
 //! Causal tree attention over a sequence's committed prefix plus the
 //! attended tokens of its block.
 //!
-//! One task is one (batch item, query head). All the tokens of its block
-//! attend to the same committed prefix, so the prefix is walked in chunks
-//! that fit L1 (64 slots of K, then of V), each chunk serving every token
-//! before the next is loaded: a k-token tree reads the prefix once, not k
-//! times. (Tasks per KV head would share rows across a query group too, but
-//! 3 KV heads split badly over 2 cores at 1 token.)
+//! A task is a part of the queries (query head × block token) that read one
+//! KV head of one batch item. They all attend to the same committed prefix,
+//! so the prefix is walked in chunks that fit L1 (64 slots of K, then of
+//! V), each chunk serving every query of the task before the next is
+//! loaded: the query heads of a group and the tokens of a tree read the
+//! prefix once, not once each.
 //!
 //! Keys are visited in slot order for every (token, head): prefix 0..len,
 //! then the token's ancestors in block order. A token committed earlier and
@@ -76,7 +76,9 @@ pub(crate) fn run_tasks(
     let per_group = shape.n_heads / shape.n_kv_heads;
     let parts = parts(items, shape, threads);
     let mut attended: Vec<usize> = Vec::new();
-    let mut prefix: Vec<usize> = Vec::new();
+    // Slots 0..len of the longest prefix; each task uses its first len.
+    let longest = items.iter().map(|it| it.seq.len()).max().unwrap_or(0);
+    let prefix: Vec<usize> = (0..longest).collect();
     let mut tails: Vec<Vec<usize>> = Vec::new();
     let mut scores: Vec<Vec<f32>> = Vec::new();
     for task in range {
@@ -96,8 +98,6 @@ pub(crate) fn run_tasks(
         let (kc, vc) = item.seq.layer(layer);
         // Slot s of KV head g starts at s · kv_dim + g · d.
         let (kc, vc) = (&kc[g * d..], &vc[g * d..]);
-        prefix.clear();
-        prefix.extend(0..len);
         if tails.len() < n {
             tails.resize_with(n, Vec::new);
         }

@@ -20,6 +20,15 @@ pub struct CostSample {
     pub fastest: f64,
 }
 
+/// `n` deterministic ordinary token ids (no special tokens in a 20k-token
+/// vocabulary); `salt` picks another sequence. The cost of a forward does
+/// not depend on which tokens it sees.
+pub fn ordinary_tokens(n: usize, salt: u64) -> Vec<u32> {
+    (0..n as u64)
+        .map(|i| (100 + (i.wrapping_mul(2654435761).wrapping_add(salt * 7919)) % 20_000) as u32)
+        .collect()
+}
+
 /// Measures forwards of k = `ks` new tokens on a `context`-token prefix of
 /// ordinary token ids, `reps` times each.
 ///
@@ -32,21 +41,14 @@ pub fn measure(
     ks: &[usize],
     reps: usize,
 ) -> Result<Vec<CostSample>> {
-    let tokens = |n: usize, salt: u32| -> Vec<u32> {
-        (0..n as u32)
-            .map(|i| 1000 + (i * 7919 + salt * 131) % 20_000)
-            .collect()
-    };
-    let prompt = tokens(context.max(1), 1);
+    let context = context.max(1);
     let mut seq = model.new_sequence();
-    model.forward(
-        &mut seq,
-        &Block::chain(prompt.clone(), 0)?.last_logits_only(),
-    )?;
-    seq.commit(&(0..prompt.len()).collect::<Vec<_>>())?;
+    let prompt = Block::chain(ordinary_tokens(context, 1), 0)?.last_logits_only();
+    model.forward(&mut seq, &prompt)?;
+    seq.commit(&(0..context).collect::<Vec<_>>())?;
     let blocks = ks
         .iter()
-        .map(|&k| Block::chain(tokens(k, 3), seq.len()))
+        .map(|&k| Block::chain(ordinary_tokens(k, 3), seq.len()))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     // Untimed rounds warm caches and scratch buffers, and wake the threads:
     // the first forwards after idle time run ~40% slower.

@@ -11,6 +11,7 @@ use std::time::Instant;
 use anyhow::Result;
 use serde::Serialize;
 use specmesh_model::Block;
+use specmesh_model::cost::ordinary_tokens as tokens;
 use specmesh_sampling::SamplingParams;
 
 use crate::commands::generate::decode;
@@ -61,13 +62,6 @@ struct CostPoint {
     best_relative_to_k1: f64,
 }
 
-/// Deterministic ordinary token ids (the cost does not depend on which).
-fn tokens(n: usize, salt: u64) -> Vec<u32> {
-    (0..n as u64)
-        .map(|i| (100 + (i.wrapping_mul(2654435761).wrapping_add(salt * 7919)) % 20_000) as u32)
-        .collect()
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -111,7 +105,7 @@ pub fn run(args: Args) -> Result<()> {
 
     // Prefill: a fresh sequence each time.
     let prompt = tokens(args.context, 1);
-    let prefill = Block::chain(prompt.clone(), 0)?.last_logits_only();
+    let prefill = Block::chain(prompt, 0)?.last_logits_only();
     let mut times = Vec::new();
     for _ in 0..args.reps.min(3) {
         let mut seq = model.new_sequence();
