@@ -1,32 +1,51 @@
-//! Kernel micro-benchmark: one Q4_1 576×1536 layer (SmolLM2's FFN shape)
-//! for k = 1, 4, 8, 16 activation rows on every supported ISA.
+//! Kernel micro-benchmark: one weight matrix for k = 1, 4, 8, 16 activation
+//! rows on every supported ISA, with random weights of the format.
+//!
 //! `T=2 cargo run --release -p specmesh-kernels --example kb` (T = threads).
+//! `FMT=q4_k ROWS=8960 COLS=1536` picks the format and shape (default: Q4_1
+//! 1536×576, SmolLM2's FFN); `ISA=avx2` and `KS=1,8` narrow the run.
 
 use specmesh_kernels::*;
 use std::time::Instant;
+
 fn main() {
-    let (rows, cols) = (1536usize, 576usize);
-    let fmt = QFormat::Q4_1;
+    let env = |k: &str| std::env::var(k).ok();
+    let fmt = match env("FMT").as_deref().unwrap_or("q4_1") {
+        "q4_0" => QFormat::Q4_0,
+        "q4_1" => QFormat::Q4_1,
+        "q5_0" => QFormat::Q5_0,
+        "q8_0" => QFormat::Q8_0,
+        "q4_k" => QFormat::Q4_K,
+        "q6_k" => QFormat::Q6_K,
+        other => panic!("unknown FMT {other}"),
+    };
+    let num = |k: &str, d: usize| env(k).and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (rows, cols) = (num("ROWS", 1536), num("COLS", 576));
     let mut data = vec![0u8; rows * fmt.row_bytes(cols)];
-    for (i, b) in data.iter_mut().enumerate() {
-        *b = (i * 7 % 251) as u8;
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for b in data.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
     }
-    for blk in data.chunks_exact_mut(20) {
-        blk[0] = 0;
-        blk[1] = 0x20;
-        blk[2] = 0;
-        blk[3] = 0xa0;
+    // Small positive f16 scales where each format keeps them.
+    let scale_at: &[usize] = match fmt {
+        QFormat::Q4_K => &[0, 2],
+        QFormat::Q6_K => &[208],
+        QFormat::Q4_1 => &[0, 2],
+        _ => &[0],
+    };
+    for blk in data.chunks_exact_mut(fmt.block_bytes()) {
+        for &at in scale_at {
+            blk[at] = 0;
+            blk[at + 1] = 0x14;
+        }
     }
     let w = QMatrix::new(rows, cols, Weights::Quant { format: fmt, data }).unwrap();
-    let threads: usize = std::env::var("T")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(1);
-    let pool = ThreadPool::new(threads);
-    // ISA=name and KS=1,8 narrow the run.
-    let only = std::env::var("ISA").ok();
-    let ks: Vec<usize> = std::env::var("KS")
-        .ok()
+    let pool = ThreadPool::new(num("T", 1));
+    let only = env("ISA");
+    let ks: Vec<usize> = env("KS")
         .map(|v| v.split(',').filter_map(|k| k.parse().ok()).collect())
         .unwrap_or(vec![1, 4, 8, 16]);
     let isas = Isa::ALL
@@ -49,8 +68,9 @@ fn main() {
                 us = us.min(t.elapsed().as_secs_f64() * 1e6 / n as f64);
             }
             println!(
-                "{isa} k={k} {us:.1} us  ({:.1} GMAC/s)",
-                (rows * cols * k) as f64 / us / 1e3
+                "{fmt:?} {rows}x{cols} {isa} k={k} {us:.1} us  ({:.1} GMAC/s, {:.1} GB/s of weights)",
+                (rows * cols * k) as f64 / us / 1e3,
+                w.nbytes() as f64 / us / 1e3
             );
         }
     }

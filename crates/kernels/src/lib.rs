@@ -26,16 +26,19 @@ mod dot;
 mod format;
 mod isa;
 mod matmul;
+pub mod membw;
 mod packed;
 #[cfg(target_arch = "x86_64")]
 mod packed_amx;
+#[cfg(target_arch = "x86_64")]
+mod packed_kquant_x86;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86;
 mod threads;
 pub mod vec;
 
-pub use act::{BlockQ8, QuantizedRows};
-pub use format::{QFormat, WeightLayoutError};
+pub use act::{BlockQ8, BlockQ8K, QuantizedRows};
+pub use format::{BLOCK, QFormat, SUPER_BLOCK, WeightLayoutError};
 pub use isa::Isa;
 pub use matmul::{QMatrix, Weights};
 pub use threads::ThreadPool;

@@ -7,7 +7,7 @@
 
 use crate::act::QuantizedRows;
 use crate::dot::{Out, TILE, WROWS, tile_fn, wrows_for};
-use crate::format::{BLOCK, QFormat, WeightLayoutError};
+use crate::format::{QFormat, WeightLayoutError};
 use crate::isa::Isa;
 use crate::packed;
 use crate::threads::ThreadPool;
@@ -72,8 +72,12 @@ impl QMatrix {
     pub fn new(rows: usize, cols: usize, weights: Weights) -> Result<QMatrix, WeightLayoutError> {
         match &weights {
             Weights::Quant { format, data } => {
-                if !cols.is_multiple_of(BLOCK) {
-                    return Err(WeightLayoutError::Unaligned { cols });
+                if !cols.is_multiple_of(format.block_len()) {
+                    return Err(WeightLayoutError::Unaligned {
+                        format: *format,
+                        cols,
+                        block: format.block_len(),
+                    });
                 }
                 let expected = rows * format.row_bytes(cols);
                 if data.len() != expected {
@@ -240,7 +244,11 @@ impl QMatrix {
         let optr = OutPtr(out.as_mut_ptr());
         match &self.storage {
             Storage::Packed { format, data } => {
-                scratch.quantize(x, self.cols);
+                if format.super_block_activations() {
+                    scratch.quantize_k(x, self.cols);
+                } else {
+                    scratch.quantize(x, self.cols);
+                }
                 self.forward_packed(*format, data, scratch, out, isa, pool);
             }
             Storage::Rows { format, data } => {
@@ -303,7 +311,7 @@ impl QMatrix {
         isa: Isa,
         pool: &ThreadPool,
     ) {
-        let (n, k, nb) = (self.rows, acts.rows(), self.cols / BLOCK);
+        let (n, k, nb) = (self.rows, acts.rows(), self.cols / format.block_len());
         let optr = OutPtr(out.as_mut_ptr());
         #[cfg(target_arch = "x86_64")]
         let kernel = (isa != Isa::Scalar).then(|| crate::packed_x86::group_fn(isa, format));

@@ -392,6 +392,6 @@ pub(crate) fn pairs_fn(fmt: QFormat) -> Option<AmxPairsFn> {
     match fmt {
         QFormat::Q4_1 => Some(q4_1_pairs),
         QFormat::Q8_0 => Some(q8_0_pairs),
-        QFormat::Q4_0 => None,
+        _ => None,
     }
 }

@@ -190,7 +190,7 @@ macro_rules! entry_points {
                 match fmt {
                     QFormat::Q4_1 => q4_1,
                     QFormat::Q8_0 => q8_0,
-                    QFormat::Q4_0 => unreachable!("Q4_0 is not packed"),
+                    _ => unreachable!("{fmt:?} has no kernel here"),
                 }
             }
         }
@@ -207,6 +207,10 @@ entry_points!(
 
 /// The packed kernel for `fmt` on `isa` (not `Scalar`).
 pub(crate) fn group_fn(isa: Isa, fmt: QFormat) -> GroupFn {
+    // One AVX2 kernel for every ISA (see `packed_kquant_x86`).
+    if let Some(f) = crate::packed_kquant_x86::group_fn(fmt) {
+        return f;
+    }
     match isa {
         Isa::Avx2 => avx2::group_fn(fmt),
         Isa::AvxVnni => avx_vnni::group_fn(fmt),

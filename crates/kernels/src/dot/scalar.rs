@@ -10,6 +10,7 @@ pub(super) fn tile_fn(fmt: QFormat) -> TileFn {
         QFormat::Q4_0 => q4_0,
         QFormat::Q4_1 => q4_1,
         QFormat::Q8_0 => q8_0,
+        _ => unreachable!("{fmt:?} is always packed"),
     }
 }
 

@@ -216,6 +216,7 @@ macro_rules! entry_points {
                     QFormat::Q4_0 => q4_0,
                     QFormat::Q4_1 => q4_1,
                     QFormat::Q8_0 => q8_0,
+                    _ => unreachable!("{fmt:?} is always packed"),
                 }
             }
         }

@@ -2,22 +2,41 @@ use super::*;
 use half::f16;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
-fn random_quant(format: QFormat, rows: usize, cols: usize, rng: &mut StdRng) -> QMatrix {
+fn f16_bytes(v: f32) -> [u8; 2] {
+    f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+/// Random GGML rows of `format`: random values, bits and scales, with d
+/// (and m, dmin) in the range real weights have.
+fn random_rows(format: QFormat, rows: usize, cols: usize, rng: &mut StdRng) -> Vec<u8> {
     let mut data = vec![0u8; rows * format.row_bytes(cols)];
     for blk in data.chunks_exact_mut(format.block_bytes()) {
         rng.fill(blk);
-        let d = f16::from_f32(rng.random_range(0.001..0.05))
-            .to_bits()
-            .to_le_bytes();
-        blk[..2].copy_from_slice(&d);
+        match format {
+            QFormat::Q4_K => {
+                blk[..2].copy_from_slice(&f16_bytes(rng.random_range(0.0001..0.002)));
+                blk[2..4].copy_from_slice(&f16_bytes(rng.random_range(0.0001..0.004)));
+            }
+            QFormat::Q6_K => {
+                blk[208..].copy_from_slice(&f16_bytes(rng.random_range(0.0001..0.001)))
+            }
+            _ => blk[..2].copy_from_slice(&f16_bytes(rng.random_range(0.001..0.05))),
+        }
         if format == QFormat::Q4_1 {
-            let m = f16::from_f32(rng.random_range(-0.2..0.0))
-                .to_bits()
-                .to_le_bytes();
-            blk[2..4].copy_from_slice(&m);
+            blk[2..4].copy_from_slice(&f16_bytes(rng.random_range(-0.2..0.0)));
         }
     }
+    data
+}
+
+fn random_quant(format: QFormat, rows: usize, cols: usize, rng: &mut StdRng) -> QMatrix {
+    let data = random_rows(format, rows, cols, rng);
     QMatrix::new(rows, cols, Weights::Quant { format, data }).unwrap()
+}
+
+/// A row length every format takes (K-quants need whole super-blocks).
+fn cols_for(format: QFormat, small: usize) -> usize {
+    small.next_multiple_of(format.block_len())
 }
 
 fn random_acts(k: usize, cols: usize, rng: &mut StdRng) -> Vec<f32> {
@@ -29,6 +48,10 @@ fn random_acts(k: usize, cols: usize, rng: &mut StdRng) -> Vec<f32> {
 /// (|x − x̂| ≤ d/2 per element, d = block max / 127).
 fn reference(w: &QMatrix, x: &[f32]) -> Vec<(f64, f64)> {
     let (n, c) = (w.rows(), w.cols());
+    let ablock = match w.format() {
+        Some(f) if f.super_block_activations() => 256,
+        _ => 32,
+    };
     let mut row = vec![0.0; c];
     let mut out = vec![(0.0, 0.0); x.len() / c * n];
     for j in 0..n {
@@ -36,8 +59,8 @@ fn reference(w: &QMatrix, x: &[f32]) -> Vec<(f64, f64)> {
         for (r, xr) in x.chunks(c).enumerate() {
             let exact = row.iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64).sum();
             let bound = row
-                .chunks(32)
-                .zip(xr.chunks(32))
+                .chunks(ablock)
+                .zip(xr.chunks(ablock))
                 .map(|(wb, xb)| {
                     let d = xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
                     wb.iter().map(|v| v.abs() as f64).sum::<f64>() * d / 2.0
@@ -49,7 +72,17 @@ fn reference(w: &QMatrix, x: &[f32]) -> Vec<(f64, f64)> {
     out
 }
 
-const FORMATS: [QFormat; 3] = [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0];
+const FORMATS: [QFormat; 6] = [
+    QFormat::Q4_0,
+    QFormat::Q4_1,
+    QFormat::Q5_0,
+    QFormat::Q8_0,
+    QFormat::Q4_K,
+    QFormat::Q6_K,
+];
+
+/// Formats whose kernels are bit-identical on every ISA.
+const ISA_EXACT: [QFormat; 3] = [QFormat::Q5_0, QFormat::Q4_K, QFormat::Q6_K];
 
 #[test]
 fn every_isa_and_format_matches_the_dequantized_reference() {
@@ -57,8 +90,9 @@ fn every_isa_and_format_matches_the_dequantized_reference() {
     let pool = ThreadPool::new(2);
     let mut scratch = QuantizedRows::default();
     for format in FORMATS {
-        let w = random_quant(format, 37, 96, &mut rng);
-        let x = random_acts(5, 96, &mut rng);
+        let cols = cols_for(format, 96);
+        let w = random_quant(format, 37, cols, &mut rng);
+        let x = random_acts(5, cols, &mut rng);
         let want = reference(&w, &x);
         for isa in Isa::ALL.into_iter().filter(|i| i.supported()) {
             let mut out = vec![0.0; 5 * 37];
@@ -80,12 +114,13 @@ fn a_rows_result_is_bit_identical_whatever_the_batch_and_threads() {
     let mut scratch = QuantizedRows::default();
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
     for format in FORMATS {
-        let w = random_quant(format, 29, 64, &mut rng);
-        let x = random_acts(19, 64, &mut rng);
+        let cols = cols_for(format, 64);
+        let w = random_quant(format, 29, cols, &mut rng);
+        let x = random_acts(19, cols, &mut rng);
         for isa in Isa::ALL.into_iter().filter(|i| i.supported()) {
             let mut alone = vec![0.0; 29];
             let singles: Vec<Vec<f32>> = x
-                .chunks(64)
+                .chunks(cols)
                 .map(|xr| {
                     w.forward(xr, &mut scratch, &mut alone, isa, &pools[0]);
                     alone.clone()
@@ -94,7 +129,7 @@ fn a_rows_result_is_bit_identical_whatever_the_batch_and_threads() {
             for k in [1usize, 2, 3, 4, 5, 7, 8, 16, 19] {
                 for pool in &pools {
                     let mut out = vec![0.0; k * 29];
-                    w.forward(&x[..k * 64], &mut scratch, &mut out, isa, pool);
+                    w.forward(&x[..k * cols], &mut scratch, &mut out, isa, pool);
                     for r in 0..k {
                         let got: Vec<u32> = out[r * 29..(r + 1) * 29]
                             .iter()
@@ -109,6 +144,113 @@ fn a_rows_result_is_bit_identical_whatever_the_batch_and_threads() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn repacking_is_lossless() {
+    // Every packed row dequantizes to exactly what GGML's layout gives.
+    let mut rng = StdRng::seed_from_u64(31);
+    for format in FORMATS {
+        let (rows, cols) = (13, cols_for(format, 96) * 2);
+        let data = random_rows(format, rows, cols, &mut rng);
+        let w = QMatrix::new(
+            rows,
+            cols,
+            Weights::Quant {
+                format,
+                data: data.clone(),
+            },
+        )
+        .unwrap();
+        let (mut got, mut want) = (vec![0.0; cols], vec![0.0; cols]);
+        let rb = format.row_bytes(cols);
+        for r in 0..rows {
+            w.dequantize_row(r, &mut got);
+            format.dequantize_row(&data[r * rb..(r + 1) * rb], &mut want);
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{format:?} row {r}"
+            );
+        }
+        // Bytes read per forward: the packed copy is as large as GGML's
+        // (Q4_K's 6-bit scales and mins widened to bytes: +2.8%).
+        let grew = w.nbytes() as f64 / (rows.next_multiple_of(8) * rb) as f64;
+        assert!(grew <= 1.03, "{format:?} grew {grew}");
+    }
+}
+
+#[test]
+fn k_quant_and_q5_0_results_are_identical_on_every_isa() {
+    let mut rng = StdRng::seed_from_u64(37);
+    let pool = ThreadPool::new(2);
+    let mut s = QuantizedRows::default();
+    for format in ISA_EXACT {
+        let cols = cols_for(format, 64) * 3;
+        let w = random_quant(format, 21, cols, &mut rng);
+        let x = random_acts(7, cols, &mut rng);
+        let mut want = vec![0.0; 7 * 21];
+        w.forward(&x, &mut s, &mut want, Isa::Scalar, &pool);
+        for isa in Isa::ALL.into_iter().filter(|i| i.supported()) {
+            let mut got = vec![0.0; 7 * 21];
+            w.forward(&x, &mut s, &mut got, isa, &pool);
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{format:?} {isa}"
+            );
+        }
+        let unsupported: Vec<String> = Isa::ALL
+            .into_iter()
+            .filter(|i| !i.supported())
+            .map(|i| i.to_string())
+            .collect();
+        if !unsupported.is_empty() {
+            eprintln!(
+                "{format:?}: not run on this CPU: {}",
+                unsupported.join(", ")
+            );
+        }
+    }
+}
+
+#[test]
+fn extreme_values_do_not_overflow_the_i16_sums() {
+    // Every weight and activation at its largest magnitude: the i16 lane
+    // sums of the maddubs kernels are at their bounds.
+    let pool = ThreadPool::new(1);
+    let mut s = QuantizedRows::default();
+    for format in ISA_EXACT {
+        let cols = format.block_len() * 2;
+        let mut data = vec![0xffu8; 8 * format.row_bytes(cols)];
+        for blk in data.chunks_exact_mut(format.block_bytes()) {
+            match format {
+                QFormat::Q4_K => {
+                    blk[..2].copy_from_slice(&f16_bytes(0.001));
+                    blk[2..4].copy_from_slice(&f16_bytes(0.0));
+                }
+                QFormat::Q6_K => {
+                    blk[192..208].fill(127);
+                    blk[208..].copy_from_slice(&f16_bytes(0.001));
+                }
+                _ => blk[..2].copy_from_slice(&f16_bytes(0.01)),
+            }
+        }
+        let w = QMatrix::new(8, cols, Weights::Quant { format, data }).unwrap();
+        for sign in [1.0f32, -1.0] {
+            let x = vec![sign; cols];
+            let want = reference(&w, &x);
+            let mut got = vec![0.0; 8];
+            w.forward(&x, &mut s, &mut got, Isa::detect(), &pool);
+            let mut scalar = vec![0.0; 8];
+            w.forward(&x, &mut s, &mut scalar, Isa::Scalar, &pool);
+            assert_eq!(got, scalar, "{format:?}");
+            for (o, (exact, _)) in got.iter().zip(&want) {
+                let rel = (*o as f64 - exact).abs() / exact.abs().max(1e-6);
+                assert!(rel < 1e-3, "{format:?} sign {sign}: {o} vs {exact}");
             }
         }
     }

@@ -1,0 +1,327 @@
+//! AVX2 kernels over 8-row packed groups of the K-quants and Q5_0 (layouts
+//! in `packed::kquant` and `packed::blocks32`).
+//!
+//! These formats keep 4-bit, 5-bit or 6-bit unsigned values, so
+//! `vpmaddubsw` products of a chunk fit i16 with room to add several chunks
+//! before one `vpmaddwd` widens them, and that `vpmaddwd` multiplies by the
+//! sub-block scale at the same time (llama.cpp's trick). Bounds, per i16
+//! lane (two products of |a| ≤ 127): Q4_K 3 810, summed over 8 chunks; Q6_K
+//! 16 002, over 2; Q5_0 7 874, over 4; all below 32 767.
+//!
+//! The same AVX2 kernels run on every x86 ISA (`vpmaddubsw` exists on all of
+//! them): integer sums are exact and the float steps are those of the
+//! portable kernels in `packed`, so a row's result is bit-identical on every
+//! ISA and for every tile size. VNNI (`vpdpbusd`) variants would save the
+//! widening step, but this code was developed on an AVX2-only machine where
+//! they could be neither tested nor measured, so they are not written.
+
+// Tile loops index several parallel register arrays by the same counter.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use crate::act::{BlockQ8, BlockQ8K, QuantizedRows};
+use crate::format::QFormat;
+use crate::packed::blocks32::{Q5_0_BITS, Q5_0_GBB, Q5_0_NIBBLES};
+use crate::packed::kquant::{
+    Q4_K_DMIN, Q4_K_GBB, Q4_K_MIN, Q4_K_NIB, Q4_K_SC, Q6_K_GBB, Q6_K_GROUP, Q6_K_SC, Q6_K_VALUES,
+};
+use crate::packed_x86::{GroupFn, GroupOut};
+
+/// Four activation bytes starting at `at`, broadcast to every 32-bit lane.
+#[inline(always)]
+unsafe fn bcast4(qs: &[i8], at: usize) -> __m256i {
+    debug_assert!(at + 4 <= qs.len());
+    unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(qs.as_ptr().add(at) as *const i32)) }
+}
+
+/// Two adjacent i16 activation sums, broadcast as one 32-bit lane.
+#[inline(always)]
+unsafe fn bcast_pair(sums: &[i16], at: usize) -> __m256i {
+    debug_assert!(at + 2 <= sums.len());
+    unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(sums.as_ptr().add(at) as *const i32)) }
+}
+
+#[inline(always)]
+unsafe fn load(p: *const u8) -> __m256i {
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+/// 8 scale bytes (one per row), each duplicated into both i16 halves of
+/// its row's 32-bit lane: the `vpmaddwd` operand that scales a row's pair
+/// of i16 sums.
+#[inline(always)]
+unsafe fn row_scales_u8(p: *const u8) -> __m256i {
+    unsafe {
+        let b = _mm_loadl_epi64(p as *const __m128i);
+        _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b, b))
+    }
+}
+
+#[inline(always)]
+unsafe fn row_scales_i8(p: *const u8) -> __m256i {
+    unsafe {
+        let b = _mm_loadl_epi64(p as *const __m128i);
+        _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b, b))
+    }
+}
+
+/// Writes the T results.
+#[inline(always)]
+unsafe fn store<const T: usize>(acc: &[__m256; T], out: &mut GroupOut) {
+    for t in 0..T {
+        unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_k_group<const T: usize>(
+    data: &[u8],
+    nsb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut GroupOut,
+) {
+    unsafe {
+        let rows: [&[BlockQ8K]; T] = std::array::from_fn(|t| acts.row_k(r0 + t));
+        let base = data.as_ptr().add(g * nsb * Q4_K_GBB);
+        let m4 = _mm256_set1_epi8(0x0f);
+        let mut acc = [_mm256_setzero_ps(); T];
+        for b in 0..nsb {
+            let gb = base.add(b * Q4_K_GBB);
+            let mut isum = [_mm256_setzero_si256(); T];
+            for s in 0..8 {
+                let sc = row_scales_u8(gb.add(Q4_K_SC + 8 * s));
+                let mut s16 = [_mm256_setzero_si256(); T];
+                for c in 0..4 {
+                    let w = load(gb.add(Q4_K_NIB + (4 * s + c) * 32));
+                    let lo = _mm256_and_si256(w, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                    for t in 0..T {
+                        let qs = &rows[t].get_unchecked(b).qs;
+                        let p = _mm256_maddubs_epi16(lo, bcast4(qs, 32 * s + 4 * c));
+                        let q = _mm256_maddubs_epi16(hi, bcast4(qs, 32 * s + 16 + 4 * c));
+                        s16[t] = _mm256_add_epi16(s16[t], _mm256_add_epi16(p, q));
+                    }
+                }
+                for t in 0..T {
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s16[t], sc));
+                }
+            }
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i));
+            let dminv = _mm256_cvtph_ps(_mm_loadu_si128(gb.add(Q4_K_DMIN) as *const __m128i));
+            for t in 0..T {
+                let a = rows[t].get_unchecked(b);
+                let mut msum = _mm256_setzero_si256();
+                for p in 0..4 {
+                    let m = _mm256_cvtepu8_epi16(_mm_loadu_si128(
+                        gb.add(Q4_K_MIN + 16 * p) as *const __m128i
+                    ));
+                    msum =
+                        _mm256_add_epi32(msum, _mm256_madd_epi16(m, bcast_pair(&a.bsums32, 2 * p)));
+                }
+                let da = _mm256_set1_ps(a.d);
+                acc[t] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dv, da), acc[t]);
+                acc[t] =
+                    _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dminv, da), acc[t]);
+            }
+        }
+        store(&acc, out);
+    }
+}
+
+/// Q6_K's top two bits of chunk c moved to bits 4..6 of each byte.
+#[inline(always)]
+unsafe fn q6_high(h: __m256i, c: usize) -> __m256i {
+    unsafe {
+        let m = _mm256_set1_epi8(0x30);
+        match c {
+            0 => _mm256_and_si256(_mm256_slli_epi16(h, 4), m),
+            1 => _mm256_and_si256(_mm256_slli_epi16(h, 2), m),
+            2 => _mm256_and_si256(h, m),
+            _ => _mm256_and_si256(_mm256_srli_epi16(h, 2), m),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn q6_k_group<const T: usize>(
+    data: &[u8],
+    nsb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut GroupOut,
+) {
+    unsafe {
+        let rows: [&[BlockQ8K]; T] = std::array::from_fn(|t| acts.row_k(r0 + t));
+        let base = data.as_ptr().add(g * nsb * Q6_K_GBB);
+        let m4 = _mm256_set1_epi8(0x0f);
+        let mut acc = [_mm256_setzero_ps(); T];
+        for b in 0..nsb {
+            let gb = base.add(b * Q6_K_GBB);
+            let mut isum = [_mm256_setzero_si256(); T];
+            for q in 0..8 {
+                let rec = gb.add(Q6_K_VALUES + q * Q6_K_GROUP);
+                let (h0, h1) = (load(rec.add(128)), load(rec.add(160)));
+                let sc_lo = row_scales_i8(gb.add(Q6_K_SC + 8 * (2 * q)));
+                let sc_hi = row_scales_i8(gb.add(Q6_K_SC + 8 * (2 * q + 1)));
+                for half in 0..2 {
+                    let mut slo = [_mm256_setzero_si256(); T];
+                    let mut shi = [_mm256_setzero_si256(); T];
+                    for c in 2 * half..2 * half + 2 {
+                        let w = load(rec.add(32 * c));
+                        let lo = _mm256_or_si256(_mm256_and_si256(w, m4), q6_high(h0, c));
+                        let hi = _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(w, 4), m4),
+                            q6_high(h1, c),
+                        );
+                        for t in 0..T {
+                            let qs = &rows[t].get_unchecked(b).qs;
+                            slo[t] = _mm256_add_epi16(
+                                slo[t],
+                                _mm256_maddubs_epi16(lo, bcast4(qs, 32 * q + 4 * c)),
+                            );
+                            shi[t] = _mm256_add_epi16(
+                                shi[t],
+                                _mm256_maddubs_epi16(hi, bcast4(qs, 32 * q + 16 + 4 * c)),
+                            );
+                        }
+                    }
+                    for t in 0..T {
+                        let p = _mm256_add_epi32(
+                            _mm256_madd_epi16(slo[t], sc_lo),
+                            _mm256_madd_epi16(shi[t], sc_hi),
+                        );
+                        isum[t] = _mm256_add_epi32(isum[t], p);
+                    }
+                }
+            }
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i));
+            for t in 0..T {
+                let a = rows[t].get_unchecked(b);
+                // The −32 offset of every value: −32 · Σ_s sc_s · Σ a over s.
+                let mut corr = _mm256_setzero_si256();
+                for p in 0..8 {
+                    let pair = _mm_unpacklo_epi8(
+                        _mm_loadl_epi64(gb.add(Q6_K_SC + 8 * (2 * p)) as *const __m128i),
+                        _mm_loadl_epi64(gb.add(Q6_K_SC + 8 * (2 * p + 1)) as *const __m128i),
+                    );
+                    corr = _mm256_add_epi32(
+                        corr,
+                        _mm256_madd_epi16(_mm256_cvtepi8_epi16(pair), bcast_pair(&a.bsums, 2 * p)),
+                    );
+                }
+                let v = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(corr, 5));
+                let scale = _mm256_mul_ps(dv, _mm256_set1_ps(a.d));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), scale, acc[t]);
+            }
+        }
+        store(&acc, out);
+    }
+}
+
+/// 32 bits to 32 bytes: byte i is 0x10 where bit i of `m` is set.
+#[inline(always)]
+unsafe fn fifth_bits(m: u32) -> __m256i {
+    unsafe {
+        let v = _mm256_set1_epi32(m as i32);
+        let spread = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+            3, 3, 3,
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let b = _mm256_and_si256(_mm256_shuffle_epi8(v, spread), bit);
+        _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10))
+    }
+}
+
+#[inline(always)]
+unsafe fn q5_0_group<const T: usize>(
+    data: &[u8],
+    nb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut GroupOut,
+) {
+    unsafe {
+        let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
+        let base = data.as_ptr().add(g * nb * Q5_0_GBB);
+        let m4 = _mm256_set1_epi8(0x0f);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); T];
+        for b in 0..nb {
+            let gb = base.add(b * Q5_0_GBB);
+            let mut isum = [_mm256_setzero_si256(); T];
+            for half in 0..2 {
+                let mut s16 = [_mm256_setzero_si256(); T];
+                for c in 2 * half..2 * half + 2 {
+                    let w = load(gb.add(Q5_0_NIBBLES + 32 * c));
+                    let bits = gb.add(Q5_0_BITS + 8 * c);
+                    let hl = fifth_bits(std::ptr::read_unaligned(bits as *const u32));
+                    let hh = fifth_bits(std::ptr::read_unaligned(bits.add(4) as *const u32));
+                    let lo = _mm256_or_si256(_mm256_and_si256(w, m4), hl);
+                    let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4), hh);
+                    for t in 0..T {
+                        let qs = &rows[t].get_unchecked(b).qs;
+                        let p = _mm256_maddubs_epi16(lo, bcast4(qs, 4 * c));
+                        let q = _mm256_maddubs_epi16(hi, bcast4(qs, 16 + 4 * c));
+                        s16[t] = _mm256_add_epi16(s16[t], _mm256_add_epi16(p, q));
+                    }
+                }
+                for t in 0..T {
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s16[t], ones));
+                }
+            }
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i));
+            for t in 0..T {
+                let a = rows[t].get_unchecked(b);
+                let v = _mm256_sub_epi32(isum[t], _mm256_set1_epi32(16 * a.qsum));
+                let scale = _mm256_mul_ps(dv, _mm256_set1_ps(a.d));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), scale, acc[t]);
+            }
+        }
+        store(&acc, out);
+    }
+}
+
+macro_rules! entry {
+    ($kernel:ident, $name:ident) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name(
+            data: &[u8],
+            nb: usize,
+            g: usize,
+            acts: &QuantizedRows,
+            r0: usize,
+            t: usize,
+            out: &mut GroupOut,
+        ) {
+            unsafe {
+                match t {
+                    1 => $kernel::<1>(data, nb, g, acts, r0, out),
+                    2 => $kernel::<2>(data, nb, g, acts, r0, out),
+                    3 => $kernel::<3>(data, nb, g, acts, r0, out),
+                    _ => $kernel::<4>(data, nb, g, acts, r0, out),
+                }
+            }
+        }
+    };
+}
+entry!(q4_k_group, q4_k);
+entry!(q6_k_group, q6_k);
+entry!(q5_0_group, q5_0);
+
+/// The AVX2 kernel for a K-quant or Q5_0 (`nb` is then the number of
+/// 256-element super-blocks, or of 32-element blocks for Q5_0, per row).
+pub(crate) fn group_fn(fmt: QFormat) -> Option<GroupFn> {
+    match fmt {
+        QFormat::Q4_K => Some(q4_k),
+        QFormat::Q6_K => Some(q6_k),
+        QFormat::Q5_0 => Some(q5_0),
+        _ => None,
+    }
+}
