@@ -5,18 +5,49 @@ use serde::{Deserialize, Serialize};
 
 /// How rotary embeddings pair the dimensions of a head.
 ///
-/// GGUF files store Q/K rows permuted by llama.cpp's converter so that RoPE
-/// rotates adjacent pairs (2i, 2i+1); Hugging Face checkpoints rotate
-/// (i, i + d/2). The safetensors loader permutes rows into the GGUF order, so
-/// the forward only implements `Interleaved`; the enum records the source.
+/// llama.cpp's converter permutes a Llama checkpoint's Q/K rows so that
+/// RoPE rotates adjacent pairs (2i, 2i+1) (`Interleaved`; the safetensors
+/// loader applies the same permutation). Qwen2 GGUFs keep Hugging Face's
+/// order, which rotates (i, i + d/2) (`Neox`, llama.cpp's name for it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RopeStyle {
     Interleaved,
+    Neox,
+}
+
+/// The model families the runtime implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Architecture {
+    /// Llama 2/3, SmolLM2, TinyLlama, Mistral-style GGUFs (`llama`).
+    Llama,
+    /// Qwen2 / Qwen2.5: Llama's blocks plus biases on Q, K and V, NeoX RoPE.
+    Qwen2,
+}
+
+impl Architecture {
+    /// Names as GGUF's `general.architecture` spells them.
+    pub const SUPPORTED: &'static str = "llama, qwen2";
+
+    pub fn from_gguf(name: &str) -> Option<Architecture> {
+        match name {
+            "llama" => Some(Architecture::Llama),
+            "qwen2" => Some(Architecture::Qwen2),
+            _ => None,
+        }
+    }
+
+    pub fn rope_style(self) -> RopeStyle {
+        match self {
+            Architecture::Llama => RopeStyle::Interleaved,
+            Architecture::Qwen2 => RopeStyle::Neox,
+        }
+    }
 }
 
 /// Shape and constants of a Llama-family transformer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LlamaConfig {
+    pub architecture: Architecture,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,

@@ -107,6 +107,13 @@ pub(crate) fn run(
         }
         w.qkv
             .forward(&s.xn, &mut s.q8, &mut s.qkv, &mut s.tmp, isa, pool);
+        if let Some(bias) = &w.qkv_bias {
+            for row in s.qkv.chunks_exact_mut(qkv_stride) {
+                for (v, b) in row.iter_mut().zip(bias) {
+                    *v += b;
+                }
+            }
+        }
 
         // RoPE on q and k, then K/V into each sequence's staging slots.
         let mut row = 0;

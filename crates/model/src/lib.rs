@@ -34,7 +34,7 @@ mod sequence;
 mod weights;
 
 pub use block::{Block, BlockError};
-pub use config::{LlamaConfig, RopeStyle};
+pub use config::{Architecture, LlamaConfig, RopeStyle};
 pub use error::ModelError;
 pub use load::{LoadOptions, ModelFormat, Progress};
 pub use logits::{Logits, TopToken};

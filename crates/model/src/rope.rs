@@ -1,11 +1,12 @@
 //! Rotary position embeddings (Su et al. 2021, arXiv:2104.09864) with
 //! explicit per-token positions: tree nodes at equal depth share a position.
 
-use crate::config::LlamaConfig;
+use crate::config::{LlamaConfig, RopeStyle};
 
 /// cos/sin tables for every position up to the model's context.
 #[derive(Debug)]
 pub(crate) struct Rope {
+    style: RopeStyle,
     half: usize,
     cos: Vec<f32>,
     sin: Vec<f32>,
@@ -31,10 +32,16 @@ impl Rope {
                 sin.push(theta.sin() as f32);
             }
         }
-        Rope { half, cos, sin }
+        Rope {
+            style: cfg.rope_style,
+            half,
+            cos,
+            sin,
+        }
     }
 
-    /// Rotates every head of `x` (heads of `2·half` values, adjacent pairs).
+    /// Rotates every head of `x` (heads of `2·half` values): pair i is
+    /// (2i, 2i+1) for `Interleaved`, (i, i + half) for `Neox`.
     #[inline]
     pub(crate) fn apply(&self, x: &mut [f32], pos: usize) {
         let base = pos * self.half;
@@ -43,10 +50,22 @@ impl Rope {
             &self.sin[base..base + self.half],
         );
         for head in x.chunks_exact_mut(2 * self.half) {
-            for (pair, (c, s)) in head.chunks_exact_mut(2).zip(cos.iter().zip(sin)) {
-                let (a, b) = (pair[0], pair[1]);
-                pair[0] = a * c - b * s;
-                pair[1] = a * s + b * c;
+            match self.style {
+                RopeStyle::Interleaved => {
+                    for (pair, (c, s)) in head.chunks_exact_mut(2).zip(cos.iter().zip(sin)) {
+                        let (a, b) = (pair[0], pair[1]);
+                        pair[0] = a * c - b * s;
+                        pair[1] = a * s + b * c;
+                    }
+                }
+                RopeStyle::Neox => {
+                    let (lo, hi) = head.split_at_mut(self.half);
+                    for ((a, b), (c, s)) in lo.iter_mut().zip(hi).zip(cos.iter().zip(sin)) {
+                        let (x, y) = (*a, *b);
+                        *a = x * c - y * s;
+                        *b = x * s + y * c;
+                    }
+                }
             }
         }
     }

@@ -7,37 +7,37 @@ use specmesh_kernels::{Isa, QMatrix, QuantizedRows, ThreadPool};
 
 use crate::config::LlamaConfig;
 
-/// Projections that read the same input (Q/K/V, gate/up). Stacked into one
-/// matrix when their formats match, so one call quantizes the input once and
-/// splits one set of output features across threads.
+/// Projections that read the same input (Q/K/V, gate/up). Runs of adjacent
+/// parts with the same format are stacked into one matrix, so one call
+/// quantizes the input once and splits one set of output features across
+/// threads (Q4_K_M files mix formats: a Q6_K V beside Q4_K Q and K).
 #[derive(Debug)]
-pub(crate) enum Projection {
-    Fused(QMatrix),
-    Split(Vec<QMatrix>),
+pub(crate) struct Projection {
+    segments: Vec<QMatrix>,
 }
 
 impl Projection {
     pub(crate) fn new(parts: Vec<QMatrix>) -> Projection {
-        let refs: Vec<&QMatrix> = parts.iter().collect();
-        match QMatrix::stack(&refs) {
-            Some(m) => Projection::Fused(m),
-            None => Projection::Split(parts),
+        let mut segments: Vec<QMatrix> = Vec::with_capacity(parts.len());
+        for part in parts {
+            let fused = segments
+                .last()
+                .and_then(|last| QMatrix::stack(&[last, &part]));
+            match fused {
+                Some(m) => *segments.last_mut().unwrap() = m,
+                None => segments.push(part),
+            }
         }
+        Projection { segments }
     }
 
     /// Total output features.
     pub(crate) fn out_dim(&self) -> usize {
-        match self {
-            Projection::Fused(m) => m.rows(),
-            Projection::Split(ms) => ms.iter().map(QMatrix::rows).sum(),
-        }
+        self.segments.iter().map(QMatrix::rows).sum()
     }
 
     pub(crate) fn nbytes(&self) -> usize {
-        match self {
-            Projection::Fused(m) => m.nbytes(),
-            Projection::Split(ms) => ms.iter().map(QMatrix::nbytes).sum(),
-        }
+        self.segments.iter().map(QMatrix::nbytes).sum()
     }
 
     /// `out` (`k × out_dim`) = x · [W₀; W₁; …]ᵀ.
@@ -50,22 +50,20 @@ impl Projection {
         isa: Isa,
         pool: &ThreadPool,
     ) {
-        match self {
-            Projection::Fused(m) => m.forward(x, q, out, isa, pool),
-            Projection::Split(ms) => {
-                let k = x.len() / ms[0].cols();
-                let total = self.out_dim();
-                let mut col = 0;
-                for m in ms {
-                    tmp.resize(k * m.rows(), 0.0);
-                    m.forward(x, q, tmp, isa, pool);
-                    for r in 0..k {
-                        out[r * total + col..r * total + col + m.rows()]
-                            .copy_from_slice(&tmp[r * m.rows()..(r + 1) * m.rows()]);
-                    }
-                    col += m.rows();
-                }
+        if let [m] = &self.segments[..] {
+            return m.forward(x, q, out, isa, pool);
+        }
+        let k = x.len() / self.segments[0].cols();
+        let total = self.out_dim();
+        let mut col = 0;
+        for m in &self.segments {
+            tmp.resize(k * m.rows(), 0.0);
+            m.forward(x, q, tmp, isa, pool);
+            for r in 0..k {
+                out[r * total + col..r * total + col + m.rows()]
+                    .copy_from_slice(&tmp[r * m.rows()..(r + 1) * m.rows()]);
             }
+            col += m.rows();
         }
     }
 }
@@ -75,6 +73,8 @@ pub(crate) struct LayerWeights {
     pub attn_norm: Vec<f32>,
     /// Outputs [q (n_heads·d) | k (n_kv·d) | v (n_kv·d)].
     pub qkv: Projection,
+    /// Biases of the same outputs (Qwen2), added before RoPE.
+    pub qkv_bias: Option<Vec<f32>>,
     pub wo: QMatrix,
     pub ffn_norm: Vec<f32>,
     /// Outputs [gate (ffn) | up (ffn)].

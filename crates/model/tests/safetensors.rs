@@ -18,7 +18,7 @@ use std::path::Path;
 
 use candle_core::quantized::gguf_file::Content;
 use candle_core::{Device, Tensor};
-use common::{bits, model_path};
+use common::{bits, catalog_path, model_path};
 use specmesh_model::{Block, LoadOptions, Model};
 
 /// The hyper-parameters written into `config.json`, read from GGUF metadata.
@@ -50,25 +50,29 @@ fn float(content: &Content, key: &str) -> f32 {
     content.metadata[key].to_f32().unwrap()
 }
 
-fn hyper(content: &Content) -> Hyper {
-    let arch = content.metadata["general.architecture"]
+fn arch(content: &Content) -> String {
+    content.metadata["general.architecture"]
         .to_string()
         .unwrap()
-        .clone();
-    assert_eq!(arch, "llama");
-    let hidden = uint(content, "llama.embedding_length");
-    let heads = uint(content, "llama.attention.head_count");
+        .clone()
+}
+
+fn hyper(content: &Content) -> Hyper {
+    let a = arch(content);
+    let k = |s: &str| format!("{a}.{s}");
+    let hidden = uint(content, &k("embedding_length"));
+    let heads = uint(content, &k("attention.head_count"));
     Hyper {
         vocab: content.tensor_infos["token_embd.weight"].shape.dims()[0],
         hidden,
-        ffn: uint(content, "llama.feed_forward_length"),
-        layers: uint(content, "llama.block_count"),
+        ffn: uint(content, &k("feed_forward_length")),
+        layers: uint(content, &k("block_count")),
         heads,
-        kv_heads: uint(content, "llama.attention.head_count_kv"),
+        kv_heads: uint(content, &k("attention.head_count_kv")),
         head_dim: hidden / heads,
-        rope_theta: float(content, "llama.rope.freq_base"),
-        rms_eps: float(content, "llama.attention.layer_norm_rms_epsilon"),
-        context: uint(content, "llama.context_length"),
+        rope_theta: float(content, &k("rope.freq_base")),
+        rms_eps: float(content, &k("attention.layer_norm_rms_epsilon")),
+        context: uint(content, &k("context_length")),
     }
 }
 
@@ -92,15 +96,22 @@ fn unpermute_rope_rows(gguf: &Tensor, heads: usize, head_dim: usize) -> Tensor {
     Tensor::from_vec(dst, (rows, cols), &Device::Cpu).unwrap()
 }
 
-/// Writes `config.json` and `model.safetensors` for the GGUF at `gguf`.
-fn convert_to_hf(gguf: &Path, out: &Path) {
+/// Writes `config.json` and `model.safetensors` for the first `layers`
+/// layers (all: `None`) of the GGUF at `gguf`: a Llama GGUF becomes a
+/// `LlamaForCausalLM` (Q/K rows back in half-split order), a Qwen2 GGUF a
+/// `Qwen2ForCausalLM` (rows as they are, with its Q/K/V biases).
+fn convert_to_hf(gguf: &Path, out: &Path, layers: Option<usize>) {
     let mut file = BufReader::new(File::open(gguf).unwrap());
     let content = Content::read(&mut file).unwrap();
-    let hp = hyper(&content);
+    let mut hp = hyper(&content);
+    let qwen = arch(&content) == "qwen2";
+    let all_layers = hp.layers;
+    hp.layers = layers.unwrap_or(hp.layers);
     // Per-dimension RoPE factors (Llama 3.1 style) have no plain HF equivalent.
     assert!(!content.tensor_infos.contains_key("rope_freqs.weight"));
-    // SmolLM2 ties the lm_head to the embedding: no output.weight, no lm_head.weight.
-    assert!(!content.tensor_infos.contains_key("output.weight"));
+    // SmolLM2 ties the lm_head to the embedding; the Qwen GGUFs have an output.weight.
+    let tied = !content.tensor_infos.contains_key("output.weight");
+    assert_eq!(tied, !qwen);
 
     let mut load = |name: &str| -> Tensor {
         content
@@ -120,14 +131,29 @@ fn convert_to_hf(gguf: &Path, out: &Path) {
         let hf_name = |s: &str| format!("model.layers.{i}.{s}.weight");
         let q = load(&gguf_name("attn_q"));
         let k = load(&gguf_name("attn_k"));
-        tensors.insert(
-            hf_name("self_attn.q_proj"),
-            unpermute_rope_rows(&q, hp.heads, hp.head_dim),
-        );
-        tensors.insert(
-            hf_name("self_attn.k_proj"),
-            unpermute_rope_rows(&k, hp.kv_heads, hp.head_dim),
-        );
+        if qwen {
+            tensors.insert(hf_name("self_attn.q_proj"), q);
+            tensors.insert(hf_name("self_attn.k_proj"), k);
+            for (g, h) in [
+                ("attn_q", "q_proj"),
+                ("attn_k", "k_proj"),
+                ("attn_v", "v_proj"),
+            ] {
+                tensors.insert(
+                    format!("model.layers.{i}.self_attn.{h}.bias"),
+                    load(&format!("blk.{i}.{g}.bias")),
+                );
+            }
+        } else {
+            tensors.insert(
+                hf_name("self_attn.q_proj"),
+                unpermute_rope_rows(&q, hp.heads, hp.head_dim),
+            );
+            tensors.insert(
+                hf_name("self_attn.k_proj"),
+                unpermute_rope_rows(&k, hp.kv_heads, hp.head_dim),
+            );
+        }
         for (g, h) in [
             ("attn_v", "self_attn.v_proj"),
             ("attn_output", "self_attn.o_proj"),
@@ -140,13 +166,23 @@ fn convert_to_hf(gguf: &Path, out: &Path) {
             tensors.insert(hf_name(h), load(&gguf_name(g)));
         }
     }
+    if !tied {
+        tensors.insert("lm_head.weight".into(), load("output.weight"));
+    }
     // Everything in the GGUF was converted: nothing is silently left out.
-    assert_eq!(tensors.len(), content.tensor_infos.len());
+    if hp.layers == all_layers {
+        assert_eq!(tensors.len(), content.tensor_infos.len());
+    }
     candle_core::safetensors::save(&tensors, out.join("model.safetensors")).unwrap();
 
+    let (class, model_type) = if qwen {
+        ("Qwen2ForCausalLM", "qwen2")
+    } else {
+        ("LlamaForCausalLM", "llama")
+    };
     let config = serde_json::json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [class],
+        "model_type": model_type,
         "vocab_size": hp.vocab,
         "hidden_size": hp.hidden,
         "intermediate_size": hp.ffn,
@@ -158,7 +194,7 @@ fn convert_to_hf(gguf: &Path, out: &Path) {
         "rope_theta": hp.rope_theta,
         "rms_norm_eps": hp.rms_eps,
         "max_position_embeddings": hp.context,
-        "tie_word_embeddings": true,
+        "tie_word_embeddings": tied,
         "rope_scaling": null,
         "torch_dtype": "float32",
     });
@@ -169,12 +205,14 @@ fn convert_to_hf(gguf: &Path, out: &Path) {
     .unwrap();
 }
 
-/// Logits of every position of `tokens` (one chain from position 0), and the
-/// model's config; the model is dropped before returning to bound memory.
+/// Logits of every position of `tokens` (one chain from position 0) with
+/// the first `layers` layers (all: `None`), and the model's config; the
+/// model is dropped before returning to bound memory.
 fn chain_logits(
     path: &Path,
     dequantize: bool,
     tokens: &[u32],
+    layers: Option<usize>,
 ) -> (specmesh_model::LlamaConfig, Vec<f32>) {
     let opts = LoadOptions {
         dequantize,
@@ -182,6 +220,10 @@ fn chain_logits(
     };
     let model =
         Model::load(path, &opts).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
+    let model = match layers {
+        Some(n) => model.truncated(n).unwrap(),
+        None => model,
+    };
     let mut seq = model.new_sequence();
     let logits = model
         .forward(&mut seq, &Block::chain(tokens.to_vec(), 0).unwrap())
@@ -190,17 +232,20 @@ fn chain_logits(
     (model.config().clone(), logits.into_vec())
 }
 
-#[test]
-fn hf_checkpoint_converted_from_gguf_gives_bit_identical_logits() {
-    let gguf = model_path();
+/// Converts `gguf` (its first `layers` layers) and compares the logits of
+/// both loaders, bit for bit.
+fn check_conversion(gguf: &Path, layers: Option<usize>, vocab: u32) {
     let dir = tempfile::tempdir().unwrap();
-    convert_to_hf(&gguf, dir.path());
+    convert_to_hf(gguf, dir.path(), layers);
 
-    // 40 tokens spread over the vocabulary (ids < 49152), so every position
-    // of the RoPE table and many embedding rows are exercised.
-    let tokens: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 17) % 49_152).collect();
-    let (hf_config, hf) = chain_logits(dir.path(), false, &tokens);
-    let (gguf_config, reference) = chain_logits(&gguf, true, &tokens);
+    // 40 tokens spread over the vocabulary, so every position of the RoPE
+    // table and many embedding rows are exercised.
+    let tokens: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 17) % vocab).collect();
+    let (hf_config, hf) = chain_logits(dir.path(), false, &tokens, None);
+    let (mut gguf_config, reference) = chain_logits(gguf, true, &tokens, layers);
+    if let Some(n) = layers {
+        gguf_config.n_layers = n;
+    }
 
     assert_eq!(
         hf_config, gguf_config,
@@ -221,6 +266,18 @@ fn hf_checkpoint_converted_from_gguf_gives_bit_identical_logits() {
             worst % vocab
         );
     }
+}
+
+#[test]
+fn hf_checkpoint_converted_from_gguf_gives_bit_identical_logits() {
+    check_conversion(&model_path(), None, 49_152);
+}
+
+/// Qwen2ForCausalLM: no row permutation (NeoX RoPE on both sides), Q/K/V
+/// biases, a separate lm_head. Two layers keep the f32 copies small.
+#[test]
+fn qwen2_hf_checkpoint_gives_the_logits_of_its_gguf() {
+    check_conversion(&catalog_path("qwen2.5-coder-0.5b"), Some(2), 151_936);
 }
 
 /// The row mapping itself, on one head of dim 4: GGUF rotates adjacent pairs

@@ -1,6 +1,7 @@
 //! GGUF loader (llama.cpp's format): hyper-parameters from metadata, weights
-//! used in place when a native kernel exists (Q4_0, Q4_1, Q8_0) and
-//! dequantized to f32 otherwise (every other type candle can read).
+//! kept in their GGML format when a native kernel exists (Q4_0, Q4_1, Q5_0,
+//! Q8_0, Q4_K, Q6_K; repacked losslessly by the kernels) and dequantized to
+//! f32 otherwise (every other type candle can read).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -14,11 +15,9 @@ use candle_core::quantized::gguf_file::{Content, TensorInfo, Value};
 use specmesh_kernels::{QFormat, QMatrix, Weights as KWeights};
 
 use super::Progress;
-use crate::config::{LlamaConfig, RopeStyle};
+use crate::config::{Architecture, LlamaConfig};
 use crate::error::{ModelError, Result, candle_reason};
 use crate::weights::{LayerWeights, Projection, Weights};
-
-const SUPPORTED_ARCHS: &str = "llama";
 
 struct Reader<'a> {
     path: PathBuf,
@@ -146,7 +145,7 @@ impl Reader<'_> {
 
     fn require_uint(&self, key: &str) -> Result<usize> {
         self.get_uint(key)?
-            .ok_or_else(|| self.meta_err(key, "required by the llama architecture"))
+            .ok_or_else(|| self.meta_err(key, "required by the model's architecture"))
     }
 
     fn get_float(&self, key: &str) -> Result<Option<f32>> {
@@ -166,13 +165,13 @@ impl Reader<'_> {
             Some(Value::String(s)) => s.clone(),
             _ => return Err(self.meta_err("general.architecture", "missing")),
         };
-        if arch != "llama" {
+        let Some(architecture) = Architecture::from_gguf(&arch) else {
             return Err(ModelError::UnsupportedArchitecture {
                 path: self.path.clone(),
                 arch,
-                supported: SUPPORTED_ARCHS,
+                supported: Architecture::SUPPORTED,
             });
-        }
+        };
         let k = |s: &str| format!("{arch}.{s}");
         let hidden = self.require_uint(&k("embedding_length"))?;
         let n_heads = self.require_uint(&k("attention.head_count"))?;
@@ -187,6 +186,7 @@ impl Reader<'_> {
             None => 0,
         };
         let cfg = LlamaConfig {
+            architecture,
             vocab_size: vocab,
             hidden_size: hidden,
             intermediate_size: self.require_uint(&k("feed_forward_length"))?,
@@ -201,7 +201,7 @@ impl Reader<'_> {
                 .get_float(&k("attention.layer_norm_rms_epsilon"))?
                 .unwrap_or(1e-5),
             max_context: self.require_uint(&k("context_length"))?,
-            rope_style: RopeStyle::Interleaved,
+            rope_style: architecture.rope_style(),
         };
         cfg.validate()
             .map_err(|reason| self.meta_err(&arch, reason))?;
@@ -262,11 +262,14 @@ impl Reader<'_> {
         let native = match info.ggml_dtype {
             GgmlDType::Q4_0 => Some(QFormat::Q4_0),
             GgmlDType::Q4_1 => Some(QFormat::Q4_1),
+            GgmlDType::Q5_0 => Some(QFormat::Q5_0),
             GgmlDType::Q8_0 => Some(QFormat::Q8_0),
+            GgmlDType::Q4K => Some(QFormat::Q4_K),
+            GgmlDType::Q6K => Some(QFormat::Q6_K),
             _ => None,
         };
         let weights = match native {
-            Some(format) if cols.is_multiple_of(32) && !self.dequantize => {
+            Some(format) if cols.is_multiple_of(format.block_len()) && !self.dequantize => {
                 let mut data = vec![0u8; tensor_bytes(&info) as usize];
                 let start = self.content.tensor_data_offset + info.offset;
                 self.file
@@ -315,6 +318,15 @@ impl Reader<'_> {
         let mut layers = Vec::with_capacity(config.n_layers);
         for i in 0..config.n_layers {
             let p = |s: &str| format!("blk.{i}.{s}");
+            let qkv_bias = match config.architecture {
+                Architecture::Qwen2 => {
+                    let mut b = self.vector(&p("attn_q.bias"), qd)?;
+                    b.extend(self.vector(&p("attn_k.bias"), kvd)?);
+                    b.extend(self.vector(&p("attn_v.bias"), kvd)?);
+                    Some(b)
+                }
+                Architecture::Llama => None,
+            };
             layers.push(LayerWeights {
                 attn_norm: self.vector(&p("attn_norm.weight"), h)?,
                 qkv: Projection::new(vec![
@@ -322,6 +334,7 @@ impl Reader<'_> {
                     self.matrix(&p("attn_k.weight"), kvd, h)?,
                     self.matrix(&p("attn_v.weight"), kvd, h)?,
                 ]),
+                qkv_bias,
                 wo: self.matrix(&p("attn_output.weight"), h, qd)?,
                 ffn_norm: self.vector(&p("ffn_norm.weight"), h)?,
                 gate_up: Projection::new(vec![

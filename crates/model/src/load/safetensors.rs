@@ -1,9 +1,12 @@
 //! Hugging Face checkpoint loader: `config.json` plus one or more
 //! `*.safetensors` shards (any float dtype), weights kept as f32.
 //!
-//! Hugging Face Llama rotates dimension pairs (i, i + d/2); the runtime
-//! rotates adjacent pairs like GGUF. Q and K rows are permuted at load time
-//! (the inverse of llama.cpp's converter), which leaves attention unchanged.
+//! Llama (`LlamaForCausalLM`) and Qwen2 (`Qwen2ForCausalLM`, with its Q/K/V
+//! biases). Hugging Face rotates dimension pairs (i, i + d/2); for Llama the
+//! Q and K rows are permuted at load time into the adjacent pairs GGUF's
+//! Llama files use (the inverse of llama.cpp's converter, which leaves
+//! attention unchanged), while Qwen2 keeps them and runs NeoX RoPE, as its
+//! GGUFs do.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -14,7 +17,7 @@ use serde::Deserialize;
 use specmesh_kernels::{QMatrix, Weights as KWeights};
 
 use super::Progress;
-use crate::config::{LlamaConfig, RopeStyle};
+use crate::config::{Architecture, LlamaConfig, RopeStyle};
 use crate::error::{ModelError, Result, candle_reason};
 use crate::weights::{LayerWeights, Projection, Weights};
 
@@ -22,6 +25,8 @@ use crate::weights::{LayerWeights, Projection, Weights};
 struct HfConfig {
     #[serde(default)]
     model_type: Option<String>,
+    #[serde(default)]
+    architectures: Vec<String>,
     vocab_size: usize,
     hidden_size: usize,
     intermediate_size: usize,
@@ -49,13 +54,22 @@ pub(super) fn load(dir: &Path, progress: Option<Progress<'_>>) -> Result<Weights
     };
     let hf: HfConfig =
         serde_json::from_str(&raw).map_err(|e| meta_err("config.json", e.to_string()))?;
-    if let Some(arch) = hf.model_type.as_deref().filter(|a| *a != "llama") {
-        return Err(ModelError::UnsupportedArchitecture {
-            path: cfg_path,
-            arch: arch.into(),
-            supported: "llama",
-        });
-    }
+    let named = hf
+        .model_type
+        .clone()
+        .or_else(|| hf.architectures.first().cloned())
+        .unwrap_or_else(|| "llama".into());
+    let architecture = match named.as_str() {
+        "llama" | "LlamaForCausalLM" => Architecture::Llama,
+        "qwen2" | "Qwen2ForCausalLM" => Architecture::Qwen2,
+        other => {
+            return Err(ModelError::UnsupportedArchitecture {
+                path: cfg_path,
+                arch: other.into(),
+                supported: "llama (LlamaForCausalLM), qwen2 (Qwen2ForCausalLM)",
+            });
+        }
+    };
     if hf.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(meta_err(
             "rope_scaling",
@@ -63,6 +77,7 @@ pub(super) fn load(dir: &Path, progress: Option<Progress<'_>>) -> Result<Weights
         ));
     }
     let config = LlamaConfig {
+        architecture,
         vocab_size: hf.vocab_size,
         hidden_size: hf.hidden_size,
         intermediate_size: hf.intermediate_size,
@@ -75,7 +90,7 @@ pub(super) fn load(dir: &Path, progress: Option<Progress<'_>>) -> Result<Weights
         rope_theta: hf.rope_theta.unwrap_or(10_000.0),
         rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-5),
         max_context: hf.max_position_embeddings,
-        rope_style: RopeStyle::Interleaved,
+        rope_style: architecture.rope_style(),
     };
     config.validate().map_err(|r| meta_err("config.json", r))?;
 
@@ -150,14 +165,19 @@ impl Loader<'_> {
         })
     }
 
-    /// Q/K projection with rows reordered from half-split to interleaved RoPE pairs.
+    /// Q/K projection, rows reordered from half-split to interleaved RoPE
+    /// pairs where the forward rotates adjacent pairs.
     fn rope_matrix(
         &self,
         name: &str,
         heads: usize,
         head_dim: usize,
         cols: usize,
+        style: RopeStyle,
     ) -> Result<QMatrix> {
+        if style == RopeStyle::Neox {
+            return self.matrix(name, heads * head_dim, cols);
+        }
         let src = self.f32(name, &[heads * head_dim, cols])?;
         let half = head_dim / 2;
         let mut dst = vec![0.0f32; src.len()];
@@ -188,13 +208,30 @@ impl Loader<'_> {
         let mut layers = Vec::with_capacity(config.n_layers);
         for i in 0..config.n_layers {
             let p = |s: &str| format!("model.layers.{i}.{s}");
+            let style = config.rope_style;
+            let qkv_bias = match config.architecture {
+                Architecture::Qwen2 => {
+                    let mut b = self.f32(&p("self_attn.q_proj.bias"), &[config.q_dim()])?;
+                    b.extend(self.f32(&p("self_attn.k_proj.bias"), &[config.kv_dim()])?);
+                    b.extend(self.f32(&p("self_attn.v_proj.bias"), &[config.kv_dim()])?);
+                    Some(b)
+                }
+                Architecture::Llama => None,
+            };
             layers.push(LayerWeights {
                 attn_norm: self.f32(&p("input_layernorm.weight"), &[h])?,
                 qkv: Projection::new(vec![
-                    self.rope_matrix(&p("self_attn.q_proj.weight"), config.n_heads, d, h)?,
-                    self.rope_matrix(&p("self_attn.k_proj.weight"), config.n_kv_heads, d, h)?,
+                    self.rope_matrix(&p("self_attn.q_proj.weight"), config.n_heads, d, h, style)?,
+                    self.rope_matrix(
+                        &p("self_attn.k_proj.weight"),
+                        config.n_kv_heads,
+                        d,
+                        h,
+                        style,
+                    )?,
                     self.matrix(&p("self_attn.v_proj.weight"), config.kv_dim(), h)?,
                 ]),
+                qkv_bias,
                 wo: self.matrix(&p("self_attn.o_proj.weight"), h, config.q_dim())?,
                 ffn_norm: self.f32(&p("post_attention_layernorm.weight"), &[h])?,
                 gate_up: Projection::new(vec![

@@ -25,6 +25,21 @@ pub fn model_path() -> PathBuf {
     path
 }
 
+/// A catalog model from the cache (`specmesh model fetch NAME` puts it there).
+pub fn catalog_path(name: &str) -> PathBuf {
+    specmesh_catalog::resolve(Some(std::path::Path::new(name))).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Qwen2.5-Coder-0.5B (qwen2: Q/K/V biases, NeoX RoPE; Q5_0, Q8_0, Q4_K
+/// and Q6_K weights), loaded once per test binary.
+pub fn qwen() -> &'static Model {
+    static MODEL: OnceLock<Model> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        Model::load(&catalog_path("qwen2.5-coder-0.5b"), &LoadOptions::default())
+            .expect("loading qwen2.5-coder-0.5b")
+    })
+}
+
 pub fn model() -> &'static Model {
     static MODEL: OnceLock<Model> = OnceLock::new();
     MODEL.get_or_init(|| {
