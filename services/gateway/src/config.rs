@@ -14,7 +14,6 @@ use tonic::transport::Uri;
 
 /// Where `specmesh model fetch` stores the default model, under the cache
 /// directory (kept in step with `crates/cli/src/commands/fetch.rs`).
-const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// Upper bound of the time flags (a day): beyond it a deadline is a typo.
 const MAX_SECS: u64 = 86_400;
@@ -56,9 +55,10 @@ pub struct Args {
     #[arg(long, env = "SPECMESH_DRAFTERS", value_delimiter = ',')]
     pub drafters: Vec<String>,
 
-    /// The model (GGUF file or Hugging Face directory) the verifiers serve;
-    /// only its tokenizer and context length are read. Default: the model
-    /// fetched by `specmesh model fetch`.
+    /// The model the verifiers serve: a catalog name (`specmesh model
+    /// list`), a GGUF file or a Hugging Face directory; only its tokenizer
+    /// and context length are read. Default: smollm2-135m, fetched by
+    /// `specmesh model fetch`.
     #[arg(long, env = "SPECMESH_MODEL")]
     pub model: Option<PathBuf>,
 
@@ -175,12 +175,8 @@ pub enum ConfigError {
         max: u64,
         got: u64,
     },
-    #[error(
-        "no --model given and the default model is not at {path}: run `specmesh model fetch` or set SPECMESH_MODEL"
-    )]
-    NoDefaultModel { path: PathBuf },
-    #[error("no --model given and neither SPECMESH_MODEL_CACHE, XDG_CACHE_HOME nor HOME is set")]
-    NoCacheDir,
+    #[error("`--model`: {0}")]
+    Model(#[from] specmesh_catalog::CatalogError),
 }
 
 impl TryFrom<Args> for Config {
@@ -218,10 +214,7 @@ impl TryFrom<Args> for Config {
         if let Some(ctx) = args.max_context {
             at_least("max-context", ctx.into(), 2)?;
         }
-        let model = match args.model {
-            Some(path) => path,
-            None => default_model_path()?,
-        };
+        let model = specmesh_catalog::resolve(args.model.as_deref())?;
         Ok(Config {
             listen: args.listen,
             verifiers,
@@ -307,29 +300,6 @@ fn at_most(flag: &'static str, got: u64, max: u64) -> Result<(), ConfigError> {
         return Err(ConfigError::TooLarge { flag, max, got });
     }
     Ok(())
-}
-
-/// The model `specmesh model fetch` caches, which must exist.
-fn default_model_path() -> Result<PathBuf, ConfigError> {
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    let dir = match (
-        var("SPECMESH_MODEL_CACHE"),
-        var("XDG_CACHE_HOME"),
-        var("HOME"),
-    ) {
-        (Some(dir), _, _) => PathBuf::from(dir),
-        (None, Some(xdg), _) => PathBuf::from(xdg).join("specmesh").join("models"),
-        (None, None, Some(home)) => PathBuf::from(home)
-            .join(".cache")
-            .join("specmesh")
-            .join("models"),
-        (None, None, None) => return Err(ConfigError::NoCacheDir),
-    };
-    let path = dir.join(DEFAULT_MODEL_FILE);
-    if !path.exists() {
-        return Err(ConfigError::NoDefaultModel { path });
-    }
-    Ok(path)
 }
 
 #[cfg(test)]

@@ -20,7 +20,8 @@ pub struct Args {
         default_value = "127.0.0.1:50052"
     )]
     pub listen: SocketAddr,
-    /// The target model: a GGUF file or a Hugging Face model directory.
+    /// The target model: a catalog name (`specmesh model list`), a GGUF
+    /// file or a Hugging Face model directory.
     #[arg(long, env = "SPECMESH_MODEL")]
     pub model: PathBuf,
     /// Compute threads for the model (default: all cores).
@@ -116,9 +117,10 @@ impl TryFrom<Args> for Config {
             .map(parse_curve)
             .transpose()
             .context("`--cost-curve`")?;
+        let model = specmesh_catalog::resolve(Some(&a.model)).context("`--model`")?;
         Ok(Config {
             listen: a.listen,
-            model: a.model,
+            model,
             threads: a.threads,
             kv_budget_bytes: a.kv_budget_mib << 20,
             max_batch: a.max_batch,

@@ -112,7 +112,7 @@ pub fn run(args: Args) -> Result<()> {
     );
     let record_path = match &args.record {
         Some(p) => p.clone(),
-        None => crate::commands::fetch::default_cache_dir()?
+        None => specmesh_catalog::cache_dir()?
             .join("records")
             .join("accept.jsonl"),
     };
