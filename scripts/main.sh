@@ -4,11 +4,16 @@
 # gRPC), send one chat request through the gateway, print the text and its
 # speculation stats, stop everything.
 # Usage: scripts/main.sh ["your prompt"]
+#   SPECMESH_MODEL=qwen2.5-coder-1.5b scripts/main.sh   # another catalog model
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo build --release --locked --workspace --bins
-MODEL="$(./target/release/specmesh model fetch | tail -n1)"
+# A catalog name (fetched if needed) or a path; default smollm2-135m.
+MODEL="${SPECMESH_MODEL:-smollm2-135m}"
+if [ ! -e "$MODEL" ]; then
+    MODEL="$(./target/release/specmesh model fetch "$MODEL" | tail -n1)"
+fi
 
 out="$(mktemp)"
 SPECMESH_LOG="${SPECMESH_LOG:-warn}" ./target/release/specmesh up --model "$MODEL" --listen 127.0.0.1:0 >"$out" &

@@ -1,14 +1,32 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: builds every binary, installs
-# what the tests need (the model via `specmesh model fetch`, a Python gRPC
-# client for the reflection test), then runs every test against the real
-# model and the real services. Extra arguments go to `cargo test`.
+# what the tests need (the catalog's three models via `specmesh model
+# fetch`, cached in ~/.cache/specmesh/models; a Python gRPC client for the
+# reflection test), then runs every test against the real models and the
+# real services. `--full` also runs the tests too slow for CI (the 1.5B's
+# accuracy against llama.cpp). Other arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+full=0
+args=()
+for a in "$@"; do
+    if [[ "$a" == --full ]]; then full=1; else args+=("$a"); fi
+done
+if [[ $full == 1 ]]; then
+    # Ignored tests run too: after the test binaries' `--`, once.
+    case " ${args[*]-} " in
+        *" -- "*) args+=(--include-ignored) ;;
+        *) args+=(-- --include-ignored) ;;
+    esac
+fi
 
 # The end-to-end tests start the service binaries as processes: cargo only
 # builds a package's binaries for that package's own tests, so build all.
 cargo build --release --locked --workspace --bins
+# SmolLM2-135M (the default, most tests) and the Qwen2.5-Coder pair
+# (~1.6 GB: the qwen2 runtime, its kernels and the 1.5B smoke test).
+./target/release/specmesh model fetch smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 SPECMESH_MODEL="$(./target/release/specmesh model fetch | tail -n1)"
 export SPECMESH_MODEL
 SPECMESH_TEST_PYTHON="$(scripts/python-env.sh)"
@@ -17,7 +35,7 @@ echo "model: $SPECMESH_MODEL"
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
-cargo test --release --locked --workspace "$@" 2>&1 | tee "$log"
+cargo test --release --locked --workspace ${args[@]+"${args[@]}"} 2>&1 | tee "$log"
 # One closing line for the whole run (cargo prints one per test binary, the
 # last ones being empty doc-test runs).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1) } }

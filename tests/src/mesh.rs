@@ -25,6 +25,9 @@ pub struct Mesh {
     child: Child,
     pub gateway: String,
     pub services: Vec<Proc>,
+    /// What `specmesh up` printed before the gateway served (each
+    /// service's model and memory line, its address).
+    pub startup: Vec<String>,
 }
 
 impl Mesh {
@@ -36,6 +39,26 @@ impl Mesh {
     /// `verifiers` verifiers, `drafters` drafters, extra environment for
     /// every service (e.g. `SPECMESH_GATEWAY_MAX_CONCURRENT_REQUESTS`).
     pub fn start_with(verifiers: usize, drafters: usize, env: &[(&str, &str)]) -> Mesh {
+        // The cost curve measured on this machine (README); measuring it
+        // at every start would add seconds to every test.
+        Mesh::start_model(
+            &model_path(),
+            "1:1,2:1.26,4:1.85,8:2.99,16:5.02,32:9.5,64:18",
+            verifiers,
+            drafters,
+            env,
+        )
+    }
+
+    /// Like [`Mesh::start_with`] with another model (a path or a catalog
+    /// name) and its cost curve (`k:ratio,…`).
+    pub fn start_model(
+        model: &std::path::Path,
+        cost_curve: &str,
+        verifiers: usize,
+        drafters: usize,
+        env: &[(&str, &str)],
+    ) -> Mesh {
         let mut cmd = Command::new(specmesh_bin());
         cmd.args(["up", "--listen", "127.0.0.1:0"])
             .args([
@@ -45,14 +68,9 @@ impl Mesh {
                 &drafters.to_string(),
             ])
             .arg("--model")
-            .arg(model_path())
+            .arg(model)
             .env("SPECMESH_LOG", "warn")
-            // The cost curve measured on this machine (README); measuring it
-            // at every start would add seconds to every test.
-            .env(
-                "SPECMESH_COST_CURVE",
-                "1:1,2:1.26,4:1.85,8:2.99,16:5.02,32:9.5,64:18",
-            )
+            .env("SPECMESH_COST_CURVE", cost_curve)
             .env("SPECMESH_THREADS", "2")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -72,12 +90,14 @@ impl Mesh {
             }
         });
         let mut services = Vec::new();
+        let mut startup = Vec::new();
         let gateway = loop {
             let line = rx
                 .recv_timeout(Duration::from_secs(180))
                 .unwrap_or_else(|_| {
                     panic!("specmesh up did not come up; services so far: {services:?}")
                 });
+            startup.push(line.clone());
             if let Some(addr) = line.strip_prefix("specmesh up: gateway listening on ") {
                 break format!("http://{}", addr.trim());
             }
@@ -96,6 +116,7 @@ impl Mesh {
             child,
             gateway,
             services,
+            startup,
         }
     }
 

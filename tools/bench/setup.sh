@@ -72,12 +72,17 @@ mkdir -p "$dir/bin"
 for t in "${targets[@]}"; do
   cp "$build/bin/$t" "$dir/bin/$t"
 done
-# What the bench JSON records as the peer's build.
+# What the bench JSON records as the peer's build: version, compiler, and
+# the instruction sets the compiler enabled (-march=native resolves them).
 {
   echo "llama-cpp-python $version (vendored llama.cpp)"
   "$dir/bin/llama-server" --version 2>&1 | grep -E '^(version|built with)' || true
-  echo "GGML_NATIVE=$native"
-  grep -E '^(CMAKE_C_FLAGS|GGML_[A-Z0-9_]+):' "$build/CMakeCache.txt" | grep -v '=$' | grep -E 'NATIVE|AVX|FMA|F16C|BMI|AMX|CMAKE_C_FLAGS:' || true
+  if [[ "$native" == ON ]]; then
+    echo "GGML_NATIVE=ON: $(echo | cc -march=native -dM -E - 2>/dev/null \
+      | grep -oE '__(AVX[A-Z0-9_]*|FMA|F16C|BMI2|AMX_[A-Z0-9]+)__' | tr -d _ | sort -u | tr '\n' ' ')"
+  else
+    echo "GGML_NATIVE=OFF"
+  fi
 } > "$dir/bin/BUILD_INFO"
 echo "$want" > "$stamp"
 echo "$dir/bin"

@@ -31,7 +31,11 @@ Produces
        repetition penalty), at most 64 new tokens, stopping after (and
        including) EOS id or <|im_end|>. top2_margin[i] = logit(top1) -
        logit(top2) at step i (rounded to 4 decimals), so a consumer can tell
-       where a near-tie makes divergence legitimate.
+       where a near-tie makes divergence legitimate. batch_top1[i] = the
+       top-1 token after continuation step i when prompt + continuation are
+       evaluated in ONE batch: its agreement with `continuation` (decoded one
+       token per forward) is llama.cpp's agreement with itself along its own
+       greedy path.
 
 How to run
 ----------
@@ -47,8 +51,13 @@ requirements.txt. `--only compare` needs no llama_cpp: it re-reads the
 committed tokenizer fixture, so it can run from a separate venv with
 transformers==5.24.0 gguf jinja2 numpy; torch is not needed).
 
-The model used for the committed fixtures is SmolLM2-135M-Instruct GGUF Q4_1,
-sha256 b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53.
+The committed fixtures: SmolLM2-135M-Instruct GGUF Q4_1 (sha256
+b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53, no --name),
+and the Qwen2.5-Coder pair (`specmesh model fetch qwen2.5-coder-0.5b
+qwen2.5-coder-1.5b`): the tokenizer fixture from the 0.5B with
+`--only tokenizer --name qwen2.5-coder` (both share one tokenizer), the
+logits fixtures with `--only logits --name qwen2.5-coder-0.5b` and
+`--name qwen2.5-coder-1.5b`.
 """
 
 from __future__ import annotations
@@ -66,6 +75,11 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_FIXTURE = Path("crates/tokenizer/tests/fixtures/tokenizer_reference.json")
 LOGITS_FIXTURE = Path("crates/model/tests/fixtures/logits_reference.json")
+
+
+def named(path: Path, name: str | None) -> Path:
+    """`tokenizer_reference.json` -> `tokenizer_reference_NAME.json`."""
+    return path if not name else path.with_name(f"{path.stem}_{name}{path.suffix}")
 
 N_THREADS = 2
 N_CTX = 2048
@@ -502,9 +516,17 @@ def build_logits_fixture(model: Path, sha: str, meta: dict, out: Path) -> None:
                 break
             llm.eval([nxt])
         text = llm.detokenize(cont, special=True).decode("utf-8", errors="replace")
+        # The same path through the multi-token path: prompt + continuation
+        # (all but its last token) in one batch.
+        llm.reset()
+        full = prompt + cont[:-1]
+        assert len(full) <= N_BATCH, (name, len(full))
+        llm.eval(full)
+        scores = np.array(llm.scores[: len(full)], dtype=np.float32)
+        batch_top1 = [top_k_row(scores[len(prompt) - 1 + i], 1)[0][0] for i in range(len(cont))]
         greedy.append({"name": name, "messages": messages, "prompt_ids": prompt,
                        "continuation": cont, "continuation_text": text,
-                       "top2_margin": margins})
+                       "top2_margin": margins, "batch_top1": batch_top1})
         print(f"[logits] greedy {name}: prompt {len(prompt)} -> {len(cont)} new "
               f"(min margin {min(margins):.4f}, {time.time() - t0:.1f}s): {text[:70]!r}")
 
@@ -517,7 +539,8 @@ def build_logits_fixture(model: Path, sha: str, meta: dict, out: Path) -> None:
                   "token i, sorted desc; top_one_token[i] = the same from evaluating the "
                   "text one token per forward. greedy: argmax decoding, fresh context per prompt, "
                   f"<= {MAX_NEW_TOKENS} new tokens, stops after EOS/<|im_end|> (included); "
-                  "top2_margin[i] = logit gap between best and second-best token at step i."),
+                  "top2_margin[i] = logit gap between best and second-best token at step i; "
+                  "batch_top1[i] = top-1 after step i with prompt + continuation in one batch."),
         "stop_ids": sorted(stop_ids),
     }
     write_json(out, header, {"teacher_forced": teacher_forced, "greedy": greedy})
@@ -572,6 +595,8 @@ def main() -> int:
     ap.add_argument("--out-root", type=Path, default=REPO_ROOT)
     ap.add_argument("--only", choices=["tokenizer", "logits", "compare"])
     ap.add_argument("--compare-transformers", action="store_true")
+    ap.add_argument("--name", help="fixture suffix: writes tokenizer_reference_NAME.json and "
+                    "logits_reference_NAME.json (default: the SmolLM2 fixtures' names)")
     args = ap.parse_args()
 
     model = args.model.expanduser().resolve()
@@ -584,13 +609,14 @@ def main() -> int:
 
     cases = None
     if args.only in (None, "tokenizer"):
-        cases = build_tokenizer_fixture(model, sha, meta, args.out_root / TOKENIZER_FIXTURE)
+        cases = build_tokenizer_fixture(model, sha, meta,
+                                        args.out_root / named(TOKENIZER_FIXTURE, args.name))
     if args.compare_transformers or args.only == "compare":
         if cases is None:
-            cases = json.loads((args.out_root / TOKENIZER_FIXTURE).read_text())["cases"]
+            cases = json.loads((args.out_root / named(TOKENIZER_FIXTURE, args.name)).read_text())["cases"]
         compare_transformers(model, cases)
     if args.only in (None, "logits"):
-        build_logits_fixture(model, sha, meta, args.out_root / LOGITS_FIXTURE)
+        build_logits_fixture(model, sha, meta, args.out_root / named(LOGITS_FIXTURE, args.name))
     return 0
 
 

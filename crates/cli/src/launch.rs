@@ -66,6 +66,9 @@ impl Service {
                 if let Some(addr) = line.strip_prefix(&prefix) {
                     return Ok(addr.trim().to_string());
                 }
+                // What a service says before it serves (its model and
+                // memory) is for the user too.
+                println!("{line}");
             }
             bail!("{name} exited before it was serving")
         })

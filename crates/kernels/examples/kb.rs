@@ -58,9 +58,15 @@ fn main() {
             let mut s = QuantizedRows::default();
             // The fastest of many short batches: this VM's timings drift
             // with its neighbours, and the minimum is what the kernel costs.
-            let n = (200 / k).max(4);
+            // About SECS seconds per k (default 2).
+            let secs: f64 = env("SECS").and_then(|v| v.parse().ok()).unwrap_or(2.0);
+            let t0 = Instant::now();
+            w.forward(&x, &mut s, &mut out, isa, &pool);
+            let once = t0.elapsed().as_secs_f64();
+            let n = ((0.05 / once) as usize).clamp(1, 200);
+            let batches = ((secs / (once * n as f64)) as usize).clamp(3, 50);
             let mut us = f64::INFINITY;
-            for _ in 0..50 {
+            for _ in 0..batches {
                 let t = Instant::now();
                 for _ in 0..n {
                     w.forward(&x, &mut s, &mut out, isa, &pool);

@@ -165,37 +165,30 @@ unsafe fn q6_k_group<const T: usize>(
             let mut isum = [_mm256_setzero_si256(); T];
             for q in 0..8 {
                 let rec = gb.add(Q6_K_VALUES + q * Q6_K_GROUP);
-                let (h0, h1) = (load(rec.add(128)), load(rec.add(160)));
-                let sc_lo = row_scales_i8(gb.add(Q6_K_SC + 8 * (2 * q)));
-                let sc_hi = row_scales_i8(gb.add(Q6_K_SC + 8 * (2 * q + 1)));
-                for half in 0..2 {
-                    let mut slo = [_mm256_setzero_si256(); T];
-                    let mut shi = [_mm256_setzero_si256(); T];
-                    for c in 2 * half..2 * half + 2 {
-                        let w = load(rec.add(32 * c));
-                        let lo = _mm256_or_si256(_mm256_and_si256(w, m4), q6_high(h0, c));
-                        let hi = _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16(w, 4), m4),
-                            q6_high(h1, c),
-                        );
-                        for t in 0..T {
-                            let qs = &rows[t].get_unchecked(b).qs;
-                            slo[t] = _mm256_add_epi16(
-                                slo[t],
-                                _mm256_maddubs_epi16(lo, bcast4(qs, 32 * q + 4 * c)),
-                            );
-                            shi[t] = _mm256_add_epi16(
-                                shi[t],
-                                _mm256_maddubs_epi16(hi, bcast4(qs, 32 * q + 16 + 4 * c)),
-                            );
+                // Low nibbles are sub-block 2q, high nibbles 2q + 1: one
+                // side at a time keeps T sums live, not 2T.
+                for side in 0..2 {
+                    let h = load(rec.add(128 + 32 * side));
+                    let sc = row_scales_i8(gb.add(Q6_K_SC + 8 * (2 * q + side)));
+                    for half in 0..2 {
+                        let mut s16 = [_mm256_setzero_si256(); T];
+                        for c in 2 * half..2 * half + 2 {
+                            let w = load(rec.add(32 * c));
+                            let w = if side == 0 {
+                                w
+                            } else {
+                                _mm256_srli_epi16(w, 4)
+                            };
+                            let v = _mm256_or_si256(_mm256_and_si256(w, m4), q6_high(h, c));
+                            for t in 0..T {
+                                let qs = &rows[t].get_unchecked(b).qs;
+                                let a = bcast4(qs, 32 * q + 16 * side + 4 * c);
+                                s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(v, a));
+                            }
                         }
-                    }
-                    for t in 0..T {
-                        let p = _mm256_add_epi32(
-                            _mm256_madd_epi16(slo[t], sc_lo),
-                            _mm256_madd_epi16(shi[t], sc_hi),
-                        );
-                        isum[t] = _mm256_add_epi32(isum[t], p);
+                        for t in 0..T {
+                            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s16[t], sc));
+                        }
                     }
                 }
             }

@@ -29,6 +29,7 @@ mod forward;
 mod load;
 mod logits;
 mod model;
+pub mod process;
 mod rope;
 mod sequence;
 mod weights;

@@ -85,6 +85,11 @@ impl Model {
         self.weights.streamed_bytes(self.n_layers)
     }
 
+    /// Bytes of every weight held in memory (all layers, embeddings, norms).
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.total_bytes()
+    }
+
     /// A view over the first `n_layers` layers, the final norm and the
     /// lm_head, sharing this model's weights and threads: a cheap
     /// self-draft model.

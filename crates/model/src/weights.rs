@@ -94,6 +94,31 @@ pub(crate) struct Weights {
 }
 
 impl Weights {
+    /// Bytes of all weights, the embedding counted once when it is tied to
+    /// the lm_head.
+    pub(crate) fn total_bytes(&self) -> usize {
+        let f32s = |v: &[f32]| v.len() * 4;
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.qkv.nbytes()
+                    + l.wo.nbytes()
+                    + l.gate_up.nbytes()
+                    + l.down.nbytes()
+                    + f32s(&l.attn_norm)
+                    + f32s(&l.ffn_norm)
+                    + l.qkv_bias.as_deref().map_or(0, f32s)
+            })
+            .sum();
+        let head = if Arc::ptr_eq(&self.embed, &self.lm_head) {
+            0
+        } else {
+            self.lm_head.nbytes()
+        };
+        layers + self.embed.nbytes() + head + f32s(&self.norm)
+    }
+
     /// Bytes one forward reads from weights (embeddings excluded: one row per
     /// token) with the first `n_layers` layers.
     pub(crate) fn streamed_bytes(&self, n_layers: usize) -> usize {

@@ -1,19 +1,20 @@
-//! Tree forward, commit/rollback and batch invariance on the real model.
-//! Every comparison is bit-exact: the runtime promises identical logits.
+//! Tree forward, commit/rollback and batch invariance on the real models:
+//! SmolLM2-135M (llama, Q4_1) and Qwen2.5-Coder-0.5B (qwen2: biases, NeoX
+//! RoPE, Q5_0 / Q8_0 / Q4_K / Q6_K kernels). Every comparison is bit-exact:
+//! the runtime promises identical logits.
 
 mod common;
 
-use common::{bits, model};
+use common::{bits, model, qwen};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use specmesh_model::{Block, ModelError, Sequence};
+use specmesh_model::{Block, Model, ModelError, Sequence};
 
 /// A prompt-like prefix of ordinary tokens.
 fn prefix(rng: &mut StdRng, n: usize) -> Vec<u32> {
     (0..n).map(|_| rng.random_range(100..20_000)).collect()
 }
 
-fn prefilled(tokens: &[u32]) -> Sequence {
-    let m = model();
+fn prefilled(m: &Model, tokens: &[u32]) -> Sequence {
     let mut seq = m.new_sequence();
     m.forward(
         &mut seq,
@@ -55,12 +56,45 @@ fn path_to(parents: &[Option<usize>], node: usize) -> Vec<usize> {
     path
 }
 
-#[test]
-fn tree_logits_equal_those_of_each_root_to_node_path_run_as_a_chain() {
-    let m = model();
+/// The same property test on both models.
+macro_rules! on_both_models {
+    ($check:ident, $smollm:ident, $qwen:ident) => {
+        #[test]
+        fn $smollm() {
+            $check(model());
+        }
+        #[test]
+        fn $qwen() {
+            $check(qwen());
+        }
+    };
+}
+
+on_both_models!(
+    tree_matches_paths,
+    tree_logits_equal_those_of_each_root_to_node_path_run_as_a_chain,
+    qwen_tree_logits_equal_those_of_each_root_to_node_path_run_as_a_chain
+);
+on_both_models!(
+    commit_matches_path,
+    after_commit_the_cache_equals_one_built_from_the_path_alone,
+    qwen_after_commit_the_cache_equals_one_built_from_the_path_alone
+);
+on_both_models!(
+    batch_matches_alone,
+    a_sequence_gets_identical_logits_alone_and_in_a_batch_of_four,
+    qwen_a_sequence_gets_identical_logits_alone_and_in_a_batch_of_four
+);
+on_both_models!(
+    truncate_rolls_back,
+    truncate_rolls_back_to_an_earlier_state,
+    qwen_truncate_rolls_back_to_an_earlier_state
+);
+
+fn tree_matches_paths(m: &Model) {
     let mut rng = StdRng::seed_from_u64(42);
     let pre = prefix(&mut rng, 37);
-    let base = prefilled(&pre);
+    let base = prefilled(m, &pre);
     for _ in 0..4 {
         let (tokens, parents) = random_tree(&mut rng, 64, 8);
         let mut seq = base.clone();
@@ -86,12 +120,10 @@ fn tree_logits_equal_those_of_each_root_to_node_path_run_as_a_chain() {
     }
 }
 
-#[test]
-fn after_commit_the_cache_equals_one_built_from_the_path_alone() {
-    let m = model();
+fn commit_matches_path(m: &Model) {
     let mut rng = StdRng::seed_from_u64(7);
     let pre = prefix(&mut rng, 21);
-    let base = prefilled(&pre);
+    let base = prefilled(m, &pre);
     for _ in 0..3 {
         let (tokens, parents) = random_tree(&mut rng, 40, 8);
         let node = rng.random_range(0..tokens.len());
@@ -123,15 +155,13 @@ fn after_commit_the_cache_equals_one_built_from_the_path_alone() {
     }
 }
 
-#[test]
-fn a_sequence_gets_identical_logits_alone_and_in_a_batch_of_four() {
-    let m = model();
+fn batch_matches_alone(m: &Model) {
     let mut rng = StdRng::seed_from_u64(3);
     let prefixes: Vec<Vec<u32>> = [5usize, 48, 17, 90]
         .iter()
         .map(|&n| prefix(&mut rng, n))
         .collect();
-    let bases: Vec<Sequence> = prefixes.iter().map(|p| prefilled(p)).collect();
+    let bases: Vec<Sequence> = prefixes.iter().map(|p| prefilled(m, p)).collect();
     let blocks: Vec<Block> = prefixes
         .iter()
         .enumerate()
@@ -157,12 +187,10 @@ fn a_sequence_gets_identical_logits_alone_and_in_a_batch_of_four() {
     }
 }
 
-#[test]
-fn truncate_rolls_back_to_an_earlier_state() {
-    let m = model();
+fn truncate_rolls_back(m: &Model) {
     let mut rng = StdRng::seed_from_u64(9);
     let pre = prefix(&mut rng, 30);
-    let mut seq = prefilled(&pre[..20]);
+    let mut seq = prefilled(m, &pre[..20]);
     let probe = Block::chain(vec![pre[20]], 20).unwrap();
     let before = m.forward(&mut seq.clone(), &probe).unwrap();
     m.forward(&mut seq, &Block::chain(pre[20..].to_vec(), 20).unwrap())

@@ -55,6 +55,24 @@ const END_OF_TURN_TOKENS: &[&str] = &[
     "<|endofturn|>",
 ];
 
+/// Tokens that end a generation wherever the vocabulary has them as special
+/// tokens, whatever the template: llama.cpp's end-of-generation list (its
+/// `special_eog_ids`, matched by text), so that a model stops where
+/// llama.cpp stops it (Qwen2.5 ends documents with `<|endoftext|>` and
+/// turns with `<|im_end|>`).
+const END_OF_GENERATION_TOKENS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<｜end▁of▁sentence｜>",
+];
+
 /// What a loader (GGUF or Hugging Face) hands over to build a [`Tokenizer`].
 pub(crate) struct Parts {
     pub encoder: tokenizers::Tokenizer,
@@ -146,6 +164,13 @@ impl Tokenizer {
                 {
                     eos_ids.push(id);
                 }
+            }
+        }
+        for marker in END_OF_GENERATION_TOKENS {
+            if let Some(id) = parts.encoder.token_to_id(marker)
+                && parts.special.get(id as usize).copied().unwrap_or(false)
+            {
+                eos_ids.push(id);
             }
         }
         let mut seen = std::collections::HashSet::new();

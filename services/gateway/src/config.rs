@@ -12,9 +12,6 @@ use std::time::Duration;
 
 use tonic::transport::Uri;
 
-/// Where `specmesh model fetch` stores the default model, under the cache
-/// directory (kept in step with `crates/cli/src/commands/fetch.rs`).
-
 /// Upper bound of the time flags (a day): beyond it a deadline is a typo.
 const MAX_SECS: u64 = 86_400;
 

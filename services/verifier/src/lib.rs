@@ -48,6 +48,12 @@ pub async fn run(
     let model_path = config.model.clone();
     let threads = config.threads;
     let (model, eos) = tokio::task::spawn_blocking(move || load(&model_path, threads)).await??;
+    let memory = specmesh_model::process::memory_line(model.weight_bytes());
+    println!(
+        "specmesh-verifier: model {} loaded: {memory}",
+        config.model.display()
+    );
+    tracing::info!(model = %config.model.display(), %memory, "model loaded");
     let model = Arc::new(model);
     let cost_curve = match &config.cost_curve {
         Some(c) => c.clone(),

@@ -17,6 +17,8 @@ mod report;
 mod sweep;
 mod table;
 
+pub(crate) use peer::{build_info as peer_build_info, default_bin_dir as peer_bin_dir};
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -53,15 +55,15 @@ pub struct Args {
     /// what the distributed loop costs per round.
     #[arg(long)]
     in_process: bool,
-    /// Also run llama.cpp (plain, and its prompt-lookup speculation) on the
-    /// same prompts, interleaved with ours. Set it up with
-    /// tools/bench/setup.sh.
+    /// Also run llama.cpp's own llama-server (plain, and its model-free
+    /// `ngram-simple` speculation) on the same prompt tokens and threads,
+    /// interleaved with ours. Build it with tools/bench/setup.sh.
     #[arg(long)]
     peer: bool,
-    /// The Python that has llama_cpp (default: the venv tools/bench/setup.sh
-    /// makes).
-    #[arg(long, env = "SPECMESH_PEER_PYTHON")]
-    peer_python: Option<PathBuf>,
+    /// Directory with llama.cpp's `llama-server` (default: where
+    /// tools/bench/setup.sh puts it).
+    #[arg(long, env = "SPECMESH_PEER_BIN")]
+    peer_bin: Option<PathBuf>,
     /// Write every raw number as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -82,7 +84,7 @@ enum Config {
     InProcessOff,
     InProcessAuto,
     PeerPlain,
-    PeerLookup,
+    PeerNgram,
 }
 
 impl Config {
@@ -93,14 +95,14 @@ impl Config {
             Config::InProcessOff => "in-process off",
             Config::InProcessAuto => "in-process auto",
             Config::PeerPlain => "llama.cpp",
-            Config::PeerLookup => "llama.cpp lookup",
+            Config::PeerNgram => "llama.cpp ngram-simple",
         }
     }
 
     /// Ours must reproduce plain greedy decoding bit for bit; the peer has
     /// its own numerics, so its agreement is reported, not required.
     fn must_match(self) -> bool {
-        !matches!(self, Config::PeerPlain | Config::PeerLookup)
+        !matches!(self, Config::PeerPlain | Config::PeerNgram)
     }
 }
 
@@ -141,24 +143,30 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(&bad) = args.concurrency.iter().find(|&&n| n == 0 || n > 256) {
         bail!("--concurrency {bad}: each level must be in 1..=256");
     }
-    // The peer first: a missing setup should fail before minutes of start-up.
-    let peer = if args.peer {
-        let python = args
-            .peer_python
-            .clone()
-            .unwrap_or_else(peer::default_python);
+    // The peers first: a missing setup should fail before minutes of start-up.
+    let peers = if args.peer {
+        let dir = args.peer_bin.clone().unwrap_or_else(peer::default_bin_dir);
         let threads = args
             .model
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        Some(peer::Peer::start(
-            &python,
-            &args.model.path()?,
-            threads,
-            args.model.load_tokenizer()?,
-        )?)
+        let mut peers = Vec::new();
+        for (config, kind) in [
+            (Config::PeerPlain, peer::PeerKind::Plain),
+            (Config::PeerNgram, peer::PeerKind::ModelFree("ngram-simple")),
+        ] {
+            let p = peer::Peer::start(
+                &dir,
+                &args.model.path()?,
+                threads,
+                args.model.load_tokenizer()?,
+                kind,
+            )?;
+            peers.push((config, p));
+        }
+        peers
     } else {
-        None
+        Vec::new()
     };
     let questions = args.select.load()?;
     let rt = tokio::runtime::Runtime::new()?;
@@ -183,7 +191,7 @@ pub fn run(args: Args) -> Result<()> {
             (None, Some(m)) => m.gateway.url(),
             (None, None) => bail!("pass --gateway URL or --up"),
         };
-        let result = bench(&args, &questions, &url, peer).await;
+        let result = bench(&args, &questions, &url, peers).await;
         if let Some(m) = mesh {
             m.stop().await?;
         }
@@ -195,7 +203,7 @@ async fn bench(
     args: &Args,
     questions: &[Question],
     url: &str,
-    mut peer: Option<peer::Peer>,
+    mut peers: Vec<(Config, peer::Peer)>,
 ) -> Result<()> {
     let mut client = GenerationClient::connect(url.to_string())
         .await
@@ -209,9 +217,7 @@ async fn bench(
     if local.is_some() {
         configs.extend([Config::InProcessOff, Config::InProcessAuto]);
     }
-    if peer.is_some() {
-        configs.extend([Config::PeerPlain, Config::PeerLookup]);
-    }
+    configs.extend(peers.iter().map(|(c, _)| *c));
     let levels: Vec<usize> = args
         .concurrency
         .iter()
@@ -248,8 +254,8 @@ async fn bench(
         "warm-up",
     )
     .await?;
-    if let Some(p) = peer.as_mut() {
-        p.run(&questions[0], Config::PeerPlain, args.max_new_tokens)?;
+    for (c, p) in peers.iter_mut() {
+        tokio::task::block_in_place(|| p.run(&questions[0], *c, args.max_new_tokens))?;
     }
 
     let mut runs = Vec::new();
@@ -269,9 +275,13 @@ async fn bench(
                     .as_ref()
                     .expect("in-process model")
                     .run(q, c, args.max_new_tokens)?,
-                Config::PeerPlain | Config::PeerLookup => tokio::task::block_in_place(|| {
-                    peer.as_mut().expect("peer").run(q, c, args.max_new_tokens)
-                })?,
+                Config::PeerPlain | Config::PeerNgram => {
+                    let (_, p) = peers
+                        .iter_mut()
+                        .find(|(pc, _)| *pc == c)
+                        .expect("a server per peer configuration");
+                    tokio::task::block_in_place(|| p.run(q, c, args.max_new_tokens))?
+                }
             };
             by_config.insert(c, r);
             bar.inc(1);
@@ -338,7 +348,7 @@ async fn bench(
     for t in &tables {
         println!("\n{}", t.text());
     }
-    let peer_line = peer.as_ref().map(|p| {
+    let peer_line = peers.first().map(|(_, p)| {
         format!(
             "peer: {}; its greedy output equals ours on {peer_agreement} of {} prompts",
             p.version,
@@ -361,9 +371,9 @@ async fn bench(
     let report = Report {
         max_new_tokens: args.max_new_tokens,
         questions: questions.len(),
-        peer: peer.as_ref().map(|p| p.version.clone()),
+        peer: peers.first().map(|(_, p)| p.version.clone()),
         mismatches: mismatches.clone(),
-        peer_agreement: peer.is_some().then_some(peer_agreement),
+        peer_agreement: (!peers.is_empty()).then_some(peer_agreement),
         summary,
         runs,
         waves,

@@ -1,13 +1,19 @@
-//! llama.cpp (llama-cpp-python) as a peer on the same machine, driven over
-//! a JSON-lines pipe so its runs interleave with ours prompt by prompt.
+//! llama.cpp as a peer on the same machine: its own `llama-server`, built
+//! natively by `tools/bench/setup.sh`, one server process per peer
+//! configuration (plain decoding, its model-free `ngram-simple`
+//! speculation), driven over HTTP so its runs interleave with ours prompt by
+//! prompt.
 //!
 //! The peer gets the exact prompt token ids the gateway decodes (our chat
-//! template and tokenizer), so the two systems see the same input; only the
-//! decoder differs.
+//! template and tokenizer, sent as a token array to `/completion`), the same
+//! threads and greedy decoding; only the decoder differs. Its numbers come
+//! from the server's own `timings` (decode time, drafted and accepted
+//! tokens), not from our clock.
 
-use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
@@ -16,130 +22,171 @@ use super::{Config, Run};
 use crate::commands::generate::encode_prompt;
 use crate::specbench::Question;
 
-/// The peer's driver script, shipped inside the binary so `specmesh bench`
-/// works from any directory.
-const SCRIPT: &str = include_str!("../../../../../tools/bench/llama_peer.py");
-
-pub fn default_python() -> PathBuf {
+/// Where `tools/bench/setup.sh` puts the binaries.
+pub fn default_bin_dir() -> PathBuf {
     let home = std::env::var_os("HOME").unwrap_or_default();
-    PathBuf::from(home).join(".cache/specmesh/venv-peer/bin/python")
+    PathBuf::from(home).join(".cache/specmesh/peer/bin")
 }
 
+/// The build's own description (version, compiler, flags), as
+/// `tools/bench/setup.sh` recorded it.
+pub fn build_info(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join("BUILD_INFO")).ok()?;
+    Some(text.lines().collect::<Vec<_>>().join("; "))
+}
+
+/// What a peer server runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PeerKind {
+    Plain,
+    /// A model-free `--spec-type` (`ngram-simple`, `ngram-mod`, …).
+    ModelFree(&'static str),
+}
+
+impl PeerKind {
+    fn args(&self) -> Vec<String> {
+        match self {
+            PeerKind::Plain => vec![],
+            PeerKind::ModelFree(t) => vec!["--spec-type".into(), (*t).into()],
+        }
+    }
+}
+
+/// One `llama-server` process.
 pub struct Peer {
     child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    url: String,
+    agent: ureq::Agent,
     tokenizer: specmesh_tokenizer::Tokenizer,
-    // Keeps the script file alive as long as the child runs.
-    _script: tempfile::NamedTempFile,
     pub version: String,
 }
 
 #[derive(Deserialize)]
-struct Ready {
-    llama_cpp: String,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Reply {
-    Answer(Answer),
-    Error { error: String },
-}
-
-#[derive(Deserialize)]
-struct Answer {
+struct Completion {
     tokens: Vec<u32>,
-    wall_seconds: f64,
-    ttft_seconds: f64,
-    decode_seconds: f64,
-    verify_steps: u32,
+    timings: Timings,
+}
+
+#[derive(Deserialize)]
+struct Timings {
+    prompt_ms: f64,
+    predicted_n: u32,
+    predicted_ms: f64,
+    #[serde(default)]
+    draft_n: u32,
+    #[serde(default)]
+    draft_n_accepted: u32,
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 impl Peer {
+    /// Starts `llama-server` on a free loopback port and waits until its
+    /// model is loaded.
     pub fn start(
-        python: &Path,
+        bin_dir: &Path,
         model: &Path,
         threads: usize,
         tokenizer: specmesh_tokenizer::Tokenizer,
+        kind: PeerKind,
     ) -> Result<Peer> {
-        if !python.exists() {
+        let bin = bin_dir.join("llama-server");
+        if !bin.exists() {
             bail!(
-                "no peer interpreter at {}: run tools/bench/setup.sh (builds llama.cpp for this CPU) \
-                 or pass --peer-python",
-                python.display()
+                "no {}: run tools/bench/setup.sh (builds llama.cpp for this CPU) or pass --peer-bin",
+                bin.display()
             );
         }
-        let mut script = tempfile::Builder::new().suffix(".py").tempfile()?;
-        script.write_all(SCRIPT.as_bytes())?;
-        let mut child = Command::new(python)
-            .arg("-u")
-            .arg(script.path())
-            .arg("--model")
+        let port = free_port()?;
+        let mut cmd = Command::new(&bin);
+        cmd.arg("-m")
             .arg(model)
-            .arg("--threads")
-            .arg(threads.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["-t", &threads.to_string(), "-tb", &threads.to_string()])
+            // One slot with the whole context: the bench sends one request
+            // at a time, and n slots would split the KV cache n ways.
+            .args(["-np", "1", "-c", "4096", "--no-webui"])
+            .args(kind.args())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd
             .spawn()
-            .with_context(|| format!("starting the peer with {}", python.display()))?;
-        let stdin = child.stdin.take().expect("piped stdin");
-        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        let mut line = String::new();
-        stdout.read_line(&mut line)?;
-        let ready: Ready = serde_json::from_str(&line).with_context(|| {
-            format!(
-                "the peer did not start (is llama_cpp installed for {}? run tools/bench/setup.sh)",
-                python.display()
-            )
-        })?;
-        Ok(Peer {
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let url = format!("http://127.0.0.1:{port}");
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(600)))
+            .build()
+            .into();
+        let mut peer = Peer {
             child,
-            stdin,
-            stdout,
+            url,
+            agent,
             tokenizer,
-            _script: script,
-            version: format!("llama-cpp-python {}", ready.llama_cpp),
-        })
+            version: format!(
+                "llama.cpp llama-server ({})",
+                build_info(bin_dir).unwrap_or_else(|| "unknown build".into())
+            ),
+        };
+        peer.wait_ready(Duration::from_secs(300))?;
+        Ok(peer)
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("llama-server exited ({status}) before it was ready");
+            }
+            let health = self.agent.get(format!("{}/health", self.url)).call();
+            if matches!(health, Ok(r) if r.status() == 200) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        bail!("llama-server was not ready within {timeout:?}")
     }
 
     pub fn run(&mut self, q: &Question, config: Config, max_new: u32) -> Result<Run> {
-        let mode = match config {
-            Config::PeerPlain => "plain",
-            Config::PeerLookup => "lookup",
-            other => bail!("{} is not a peer configuration", other.name()),
-        };
         let prompt = encode_prompt(&self.tokenizer, q.prompt(), true)?;
-        let req = serde_json::json!({
-            "prompt_tokens": prompt,
-            "max_new_tokens": max_new,
-            "eos": self.tokenizer.eos_token_ids(),
-            "mode": mode,
+        let body = serde_json::json!({
+            "prompt": prompt,
+            "n_predict": max_new,
+            "temperature": 0.0,
+            "top_k": 1,
+            "seed": 0,
+            "cache_prompt": false,
+            "return_tokens": true,
         });
-        writeln!(self.stdin, "{req}")?;
-        self.stdin.flush()?;
-        let mut line = String::new();
-        if self.stdout.read_line(&mut line)? == 0 {
-            bail!("the peer exited during {}", q.id());
-        }
-        let a = match serde_json::from_str(&line).context("reading the peer's answer")? {
-            Reply::Answer(a) => a,
-            Reply::Error { error } => bail!("the peer failed on {} ({mode}): {error}", q.id()),
-        };
+        let t = Instant::now();
+        let reply: Completion = self
+            .agent
+            .post(format!("{}/completion", self.url))
+            .send_json(&body)
+            .with_context(|| format!("llama-server on {} ({})", q.id(), config.name()))?
+            .body_mut()
+            .read_json()
+            .context("reading llama-server's answer")?;
+        let wall = t.elapsed().as_secs_f64();
+        let tm = &reply.timings;
+        // Each target forward after the prompt yields its accepted drafts
+        // plus one token of its own.
+        let steps = tm.predicted_n.saturating_sub(tm.draft_n_accepted);
         Ok(Run {
             question: q.id(),
             category: q.category.clone(),
             config,
-            completion_tokens: a.tokens.len(),
-            tokens: a.tokens,
-            wall_seconds: a.wall_seconds,
-            decode_seconds: a.decode_seconds,
-            ttft_seconds: a.ttft_seconds,
+            completion_tokens: reply.tokens.len(),
+            tokens: reply.tokens,
+            wall_seconds: wall,
+            decode_seconds: tm.predicted_ms / 1e3,
+            ttft_seconds: tm.prompt_ms / 1e3,
             inter_token_seconds: Vec::new(),
-            verify_steps: a.verify_steps,
-            drafted_tokens: 0,
-            accepted_tokens: 0,
+            verify_steps: steps,
+            drafted_tokens: tm.draft_n,
+            accepted_tokens: tm.draft_n_accepted,
         })
     }
 }

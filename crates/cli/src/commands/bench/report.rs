@@ -120,7 +120,7 @@ pub fn summarize(runs: &[Run], configs: &[Config], waves: &[Wave]) -> Summary {
         .map(|c| {
             let off = get(c, Config::Off).unwrap_or_default();
             let auto = get(c, Config::Auto).unwrap_or_default();
-            let peer = get(c, Config::PeerPlain).zip(get(c, Config::PeerLookup));
+            let peer = get(c, Config::PeerPlain).zip(get(c, Config::PeerNgram));
             CategoryRow {
                 category: c.clone(),
                 prompts: prompts.get(c).copied().unwrap_or(0),
@@ -246,7 +246,7 @@ pub fn tables(summary: &Summary, configs: &[Config]) -> Vec<Table> {
         if peer {
             cells.extend([
                 t(Config::PeerPlain),
-                t(Config::PeerLookup),
+                t(Config::PeerNgram),
                 format!("{:.2}x", row.peer_lookup_speedup.unwrap_or(0.0)),
             ]);
         }
