@@ -3,23 +3,10 @@
 # what the tests need (the catalog's three models via `specmesh model
 # fetch`, cached in ~/.cache/specmesh/models; a Python gRPC client for the
 # reflection test), then runs every test against the real models and the
-# real services. `--full` also runs the tests too slow for CI (the 1.5B's
-# accuracy against llama.cpp). Other arguments go to `cargo test`.
+# real services. Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-full=0
-args=()
-for a in "$@"; do
-    if [[ "$a" == --full ]]; then full=1; else args+=("$a"); fi
-done
-if [[ $full == 1 ]]; then
-    # Ignored tests run too: after the test binaries' `--`, once.
-    case " ${args[*]-} " in
-        *" -- "*) args+=(--include-ignored) ;;
-        *) args+=(-- --include-ignored) ;;
-    esac
-fi
 
 # The end-to-end tests start the service binaries as processes: cargo only
 # builds a package's binaries for that package's own tests, so build all.
@@ -35,7 +22,7 @@ echo "model: $SPECMESH_MODEL"
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
-cargo test --release --locked --workspace ${args[@]+"${args[@]}"} 2>&1 | tee "$log"
+cargo test --release --locked --workspace "$@" 2>&1 | tee "$log"
 # One closing line for the whole run (cargo prints one per test binary, the
 # last ones being empty doc-test runs).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1) } }

@@ -141,8 +141,8 @@ fn bench_refuses_bad_options_with_a_message_that_says_what_to_do() {
             OsStr::new("--model"),
             model_path().as_os_str(),
             OsStr::new("--peer"),
-            OsStr::new("--peer-python"),
-            OsStr::new("/nonexistent/python"),
+            OsStr::new("--peer-bin"),
+            OsStr::new("/nonexistent/dir"),
         ],
         &env(),
     );

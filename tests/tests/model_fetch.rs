@@ -267,7 +267,7 @@ fn list_names_every_model_and_unknown_names_are_refused() {
     let out = run_with_env(["tokenize", "--model", "no-such-model", "hi"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("neither a file"), "{stderr}");
+    assert!(stderr.contains("not found"), "{stderr}");
     // A catalog name that is not fetched into this cache.
     let out = run_with_env(
         ["tokenize", "--model", "qwen2.5-coder-1.5b", "hi"],

@@ -148,7 +148,7 @@ pub enum CatalogError {
     )]
     NotFetched { name: &'static str, path: PathBuf },
     #[error(
-        "`{spec}` is neither a file or directory nor a catalog model (known: {known}; `specmesh model list`)"
+        "model `{spec}` not found: no such file or directory, and no catalog model of that name (known: {known}; see `specmesh model list`)"
     )]
     Unknown { spec: String, known: String },
 }

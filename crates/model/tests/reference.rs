@@ -142,10 +142,8 @@ fn qwen_0_5b_greedy_continuations_follow_llama_cpp() {
     greedy_paths(qwen(), &f);
 }
 
-/// The 1.5B's accuracy (1 min on 2 cores): run with `-- --ignored`, and
-/// in `scripts/test.sh --full`.
+/// The 1.5B, the target users run (under a minute on 2 cores).
 #[test]
-#[ignore = "the 1.5B takes a minute; scripts/test.sh --full runs it"]
 fn qwen_1_5b_follows_llama_cpp() {
     let f = qwen_fixture("1.5b");
     teacher_forced(qwen_15b(), &f);

@@ -106,11 +106,6 @@ pub enum ConfigError {
     },
     #[error("`--{flag}` needs `--draft-model`")]
     NeedsDraftModel { flag: &'static str },
-    #[error("`--{flag}`: {source}")]
-    Model {
-        flag: &'static str,
-        source: specmesh_catalog::CatalogError,
-    },
 }
 
 /// The validated configuration of one drafter process.
@@ -185,24 +180,13 @@ impl TryFrom<Args> for Config {
             });
         }
         let draft_model = match a.draft_model {
-            Some(spec) => Some(DraftModelConfig {
-                path: specmesh_catalog::resolve(Some(&spec)).map_err(|e| ConfigError::Model {
-                    flag: "draft-model",
-                    source: e,
-                })?,
+            Some(path) => Some(DraftModelConfig {
+                path,
                 self_draft_layers: a
                     .self_draft_layers
                     .map(|n| at_least("self-draft-layers", n, 1))
                     .transpose()?,
-                target_tokenizer: a
-                    .target_tokenizer
-                    .map(|spec| {
-                        specmesh_catalog::resolve(Some(&spec)).map_err(|e| ConfigError::Model {
-                            flag: "target-tokenizer",
-                            source: e,
-                        })
-                    })
-                    .transpose()?,
+                target_tokenizer: a.target_tokenizer,
                 threads: a
                     .draft_model_threads
                     .map(|n| at_least("draft-model-threads", n, 1))

@@ -43,6 +43,11 @@ pub enum DraftModelError {
         path: PathBuf,
         source: Box<TokenizerError>,
     },
+    #[error("`--{flag}`")]
+    Resolve {
+        flag: &'static str,
+        source: specmesh_catalog::CatalogError,
+    },
     #[error("the draft model {draft} cannot draft for the target tokenizer {target}")]
     Vocab {
         draft: PathBuf,
@@ -62,6 +67,21 @@ impl DraftModel {
     /// Loads the model (blocking: seconds), truncates it for a self-draft
     /// and refuses it when its vocabulary differs from the target's.
     pub fn load(cfg: &DraftModelConfig) -> Result<DraftModel, DraftModelError> {
+        // Catalog names become their cached files here, not in the config:
+        // parsing flags touches no file.
+        let resolve = |flag, spec: &std::path::Path| {
+            specmesh_catalog::resolve(Some(spec))
+                .map_err(|source| DraftModelError::Resolve { flag, source })
+        };
+        let cfg = &DraftModelConfig {
+            path: resolve("draft-model", &cfg.path)?,
+            target_tokenizer: cfg
+                .target_tokenizer
+                .as_deref()
+                .map(|t| resolve("target-tokenizer", t))
+                .transpose()?,
+            ..cfg.clone()
+        };
         if let Some(target) = &cfg.target_tokenizer {
             let target_tok = tokenizer(target)?;
             let draft_tok = tokenizer(&cfg.path)?;

@@ -172,8 +172,6 @@ pub enum ConfigError {
         max: u64,
         got: u64,
     },
-    #[error("`--model`: {0}")]
-    Model(#[from] specmesh_catalog::CatalogError),
 }
 
 impl TryFrom<Args> for Config {
@@ -211,7 +209,9 @@ impl TryFrom<Args> for Config {
         if let Some(ctx) = args.max_context {
             at_least("max-context", ctx.into(), 2)?;
         }
-        let model = specmesh_catalog::resolve(args.model.as_deref())?;
+        let model = args
+            .model
+            .unwrap_or_else(|| PathBuf::from(specmesh_catalog::DEFAULT_MODEL));
         Ok(Config {
             listen: args.listen,
             verifiers,

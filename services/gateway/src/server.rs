@@ -46,7 +46,8 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr().context("reading the bound address")?;
     info!(?config, "effective config");
-    let path = config.model.clone();
+    // A catalog name becomes its cached file here: parsing flags touches no file.
+    let path = specmesh_catalog::resolve(Some(&config.model)).context("`--model`")?;
     let model = tokio::task::spawn_blocking(move || ModelMeta::load(&path))
         .await
         .context("the model loader task failed")??;

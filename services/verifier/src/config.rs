@@ -117,10 +117,9 @@ impl TryFrom<Args> for Config {
             .map(parse_curve)
             .transpose()
             .context("`--cost-curve`")?;
-        let model = specmesh_catalog::resolve(Some(&a.model)).context("`--model`")?;
         Ok(Config {
             listen: a.listen,
-            model,
+            model: a.model,
             threads: a.threads,
             kv_budget_bytes: a.kv_budget_mib << 20,
             max_batch: a.max_batch,

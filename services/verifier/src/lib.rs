@@ -45,7 +45,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     tracing::info!(?config, "starting the verifier");
-    let model_path = config.model.clone();
+    // A catalog name becomes its cached file here: parsing flags touches no file.
+    let model_path = specmesh_catalog::resolve(Some(&config.model)).context("`--model`")?;
+    let config = Config {
+        model: model_path.clone(),
+        ..config
+    };
     let threads = config.threads;
     let (model, eos) = tokio::task::spawn_blocking(move || load(&model_path, threads)).await??;
     let memory = specmesh_model::process::memory_line(model.weight_bytes());
