@@ -216,18 +216,22 @@ unsafe fn q6_k_group<const T: usize>(
     }
 }
 
-/// 32 bits to 32 bytes: byte i is 0x10 where bit i of `m` is set.
+/// Q5_0's fifth bits of chunk c, half s (bit 2c + s of each byte of the
+/// plane), moved to bit 4.
 #[inline(always)]
-unsafe fn fifth_bits(m: u32) -> __m256i {
+unsafe fn q5_fifth(h: __m256i, bit: usize) -> __m256i {
     unsafe {
-        let v = _mm256_set1_epi32(m as i32);
-        let spread = _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
-            3, 3, 3,
-        );
-        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-        let b = _mm256_and_si256(_mm256_shuffle_epi8(v, spread), bit);
-        _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10))
+        let m = _mm256_set1_epi8(0x10);
+        match bit {
+            0 => _mm256_and_si256(_mm256_slli_epi16(h, 4), m),
+            1 => _mm256_and_si256(_mm256_slli_epi16(h, 3), m),
+            2 => _mm256_and_si256(_mm256_slli_epi16(h, 2), m),
+            3 => _mm256_and_si256(_mm256_slli_epi16(h, 1), m),
+            4 => _mm256_and_si256(h, m),
+            5 => _mm256_and_si256(_mm256_srli_epi16(h, 1), m),
+            6 => _mm256_and_si256(_mm256_srli_epi16(h, 2), m),
+            _ => _mm256_and_si256(_mm256_srli_epi16(h, 3), m),
+        }
     }
 }
 
@@ -248,16 +252,17 @@ unsafe fn q5_0_group<const T: usize>(
         let mut acc = [_mm256_setzero_ps(); T];
         for b in 0..nb {
             let gb = base.add(b * Q5_0_GBB);
+            let h = load(gb.add(Q5_0_BITS));
             let mut isum = [_mm256_setzero_si256(); T];
             for half in 0..2 {
                 let mut s16 = [_mm256_setzero_si256(); T];
                 for c in 2 * half..2 * half + 2 {
                     let w = load(gb.add(Q5_0_NIBBLES + 32 * c));
-                    let bits = gb.add(Q5_0_BITS + 8 * c);
-                    let hl = fifth_bits(std::ptr::read_unaligned(bits as *const u32));
-                    let hh = fifth_bits(std::ptr::read_unaligned(bits.add(4) as *const u32));
-                    let lo = _mm256_or_si256(_mm256_and_si256(w, m4), hl);
-                    let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4), hh);
+                    let lo = _mm256_or_si256(_mm256_and_si256(w, m4), q5_fifth(h, 2 * c));
+                    let hi = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(w, 4), m4),
+                        q5_fifth(h, 2 * c + 1),
+                    );
                     for t in 0..T {
                         let qs = &rows[t].get_unchecked(b).qs;
                         let p = _mm256_maddubs_epi16(lo, bcast4(qs, 4 * c));

@@ -123,8 +123,9 @@ pub(crate) fn run_tasks(
             scores[q].resize(len + tails[q % n].len(), 0.0);
         }
 
-        for c0 in (0..len).step_by(PREFIX_CHUNK) {
-            let c1 = (c0 + PREFIX_CHUNK).min(len);
+        let chunk = prefix_chunk(d);
+        for c0 in (0..len).step_by(chunk) {
+            let c1 = (c0 + chunk).min(len);
             for q in queries.clone() {
                 let s = &mut scores[q][c0..c1];
                 attn::qk_scores(query(q), kc, shape.kv_dim, &prefix[c0..c1], scale, s);
@@ -136,8 +137,8 @@ pub(crate) fn run_tasks(
             vec::softmax(&mut scores[q]);
             dst(q).fill(0.0);
         }
-        for c0 in (0..len).step_by(PREFIX_CHUNK) {
-            let c1 = (c0 + PREFIX_CHUNK).min(len);
+        for c0 in (0..len).step_by(chunk) {
+            let c1 = (c0 + chunk).min(len);
             for q in queries.clone() {
                 let p = &scores[q][c0..c1];
                 attn::pv_accumulate(p, vc, shape.kv_dim, &prefix[c0..c1], dst(q));
@@ -149,6 +150,9 @@ pub(crate) fn run_tasks(
     }
 }
 
-/// Prefix slots per chunk: 64 rows of one head's K (or V) are 16 KiB at
-/// head_dim 64, so a chunk stays in L1 while every token of the block uses it.
-const PREFIX_CHUNK: usize = 64;
+/// Prefix slots per chunk: 16 KiB of one head's K (or V), half an L1, so a
+/// chunk stays there while every query of the task uses it (64 slots at
+/// head_dim 64, 32 at 128).
+fn prefix_chunk(head_dim: usize) -> usize {
+    (16 * 1024 / (4 * head_dim)).max(8)
+}

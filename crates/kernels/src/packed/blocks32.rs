@@ -4,17 +4,19 @@
 //!
 //! ```text
 //! Q4_1 (160 B): d[8] f16 | m[8] f16 | 4 chunks × (row0 qs[4c..4c+4] | … | row7 qs[4c..4c+4])
-//! Q5_0 (176 B): d[8] f16 | 4 chunks × (lo: u32, hi: u32) | 4 chunks × (row0 qs[4c..4c+4] | … )
+//! Q5_0 (176 B): d[8] f16 | h (32 B)       | 4 chunks × (row0 qs[4c..4c+4] | … )
 //! Q8_0 (272 B): d[8] f16 |             8 chunks × (row0 q[4c..4c+4]  | … | row7 q[4c..4c+4])
 //! ```
 //!
 //! A chunk's low nibbles are inputs 4c..4c+4 and its high nibbles inputs
 //! 16+4c..16+4c+4 (GGML's nibble order), so one 32-byte load and a mask or
 //! a shift give the 4 inputs of all 8 rows that one `vpmaddubsw` takes.
-//! Q5_0's fifth bits are regrouped the same way: bit 4j + e of chunk c's
-//! `lo` word is row j's input 4c + e, of its `hi` word input 16 + 4c + e,
-//! which is exactly the byte order of the chunk register they are OR-ed
-//! into (`bytes_from_bits`).
+//! Q5_0's fifth bits form one bit plane in the same byte order: bit 2c + s
+//! of byte 4j + e of `h` is the fifth bit of row j's input 16s + 4c + e, so
+//! one shift and one mask put a chunk's fifth bits at bit 4 of the bytes of
+//! its register (llama.cpp spreads a 32-bit mask to 32 bytes instead, a
+//! shuffle and a compare per chunk half: twice the work, and at one token a
+//! Q5_0 matmul is bound by it).
 
 use crate::act::BlockQ8;
 use crate::format::{BLOCK, QFormat, f16_at, q5_0_values};
@@ -25,7 +27,7 @@ pub(crate) const Q4_1_GBB: usize = 32 + 4 * 32;
 pub(crate) const Q5_0_GBB: usize = 16 + 32 + 4 * 32;
 pub(crate) const Q8_0_GBB: usize = 16 + 8 * 32;
 
-/// Byte offset of Q5_0's fifth-bit words (chunk c: lo at +8c, hi at +8c+4).
+/// Byte offset of Q5_0's fifth-bit plane.
 pub(crate) const Q5_0_BITS: usize = 16;
 /// Byte offset of Q5_0's nibble chunks.
 pub(crate) const Q5_0_NIBBLES: usize = 48;
@@ -44,13 +46,10 @@ pub(super) fn pack_row(format: QFormat, blk: &[u8], j: usize, dst: &mut [u8]) {
         QFormat::Q5_0 => {
             let q = q5_0_values(blk);
             for c in 0..4 {
-                for (half, off) in [(0, 0), (1, 16)] {
-                    let at = Q5_0_BITS + 8 * c + 4 * half;
-                    let mut word = u32::from_le_bytes(dst[at..at + 4].try_into().unwrap());
+                for s in 0..2 {
                     for e in 0..4 {
-                        word |= ((q[off + 4 * c + e] >> 4) as u32) << (4 * j + e);
+                        dst[Q5_0_BITS + 4 * j + e] |= (q[16 * s + 4 * c + e] >> 4) << (2 * c + s);
                     }
-                    dst[at..at + 4].copy_from_slice(&word.to_le_bytes());
                 }
                 let at = Q5_0_NIBBLES + c * 32 + j * 4;
                 dst[at..at + 4].copy_from_slice(&blk[6 + 4 * c..6 + 4 * c + 4]);
@@ -86,12 +85,11 @@ fn row_values(format: QFormat, gb: &[u8], j: usize) -> [i32; BLOCK] {
             }
             if format == QFormat::Q5_0 {
                 for c in 0..4 {
-                    let at = Q5_0_BITS + 8 * c;
-                    let lo = u32::from_le_bytes(gb[at..at + 4].try_into().unwrap());
-                    let hi = u32::from_le_bytes(gb[at + 4..at + 8].try_into().unwrap());
-                    for e in 0..4 {
-                        q[4 * c + e] |= (((lo >> (4 * j + e)) & 1) << 4) as i32;
-                        q[16 + 4 * c + e] |= (((hi >> (4 * j + e)) & 1) << 4) as i32;
+                    for s in 0..2 {
+                        for e in 0..4 {
+                            let h = (gb[Q5_0_BITS + 4 * j + e] >> (2 * c + s)) & 1;
+                            q[16 * s + 4 * c + e] |= (h as i32) << 4;
+                        }
                     }
                 }
             }
