@@ -15,15 +15,21 @@ use std::time::SystemTime;
 /// `target/<profile>/deps/`, the binaries of the same profile in
 /// `target/<profile>/`, so a release test runs the release binary.
 pub fn specmesh_bin() -> PathBuf {
+    binary("specmesh")
+}
+
+/// A binary of the workspace (`specmesh-verifier`, ...) next to the running
+/// test, as [`specmesh_bin`] finds `specmesh`.
+pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the path of the running test binary");
     let profile_dir = exe
         .parent()
         .and_then(Path::parent)
         .unwrap_or_else(|| panic!("unexpected test binary location {}", exe.display()));
-    let bin = profile_dir.join(format!("specmesh{}", std::env::consts::EXE_SUFFIX));
+    let bin = profile_dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(
         bin.is_file(),
-        "the specmesh binary is not at {}: run `cargo build --release -p specmesh-cli` before \
+        "the {name} binary is not at {}: run `cargo build --release --bins` before \
          `cargo test --release -p specmesh-e2e` (cargo does not build other packages' binaries for tests)",
         bin.display()
     );

@@ -39,7 +39,7 @@ impl Mesh {
     /// `verifiers` verifiers, `drafters` drafters, extra environment for
     /// every service (e.g. `SPECMESH_GATEWAY_MAX_CONCURRENT_REQUESTS`).
     pub fn start_with(verifiers: usize, drafters: usize, env: &[(&str, &str)]) -> Mesh {
-        // The cost curve measured on this machine (README); measuring it
+        // The cost curve measured on this machine (docs/performance.md); measuring it
         // at every start would add seconds to every test.
         Mesh::start_model(
             &model_path(),
@@ -70,8 +70,8 @@ impl Mesh {
             .arg("--model")
             .arg(model)
             .env("SPECMESH_LOG", "warn")
-            .env("SPECMESH_COST_CURVE", cost_curve)
-            .env("SPECMESH_THREADS", "2")
+            .env("SPECMESH_VERIFIER_COST_CURVE", cost_curve)
+            .env("SPECMESH_VERIFIER_THREADS", "2")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -163,6 +163,26 @@ pub fn chat_request(text: &str, max_new_tokens: u32) -> v1::GenerateRequest {
 }
 
 /// The same request with speculation off.
+/// The chat request `text` through the gateway, with speculation and
+/// without: the two answers a greedy test compares.
+pub async fn spec_and_off(
+    client: &mut GenerationClient<Channel>,
+    text: &str,
+    max_new_tokens: u32,
+) -> (v1::GenerateResponse, v1::GenerateResponse) {
+    let spec = client
+        .generate(chat_request(text, max_new_tokens))
+        .await
+        .expect("generating with speculation")
+        .into_inner();
+    let off = client
+        .generate(without_speculation(chat_request(text, max_new_tokens)))
+        .await
+        .expect("generating without speculation")
+        .into_inner();
+    (spec, off)
+}
+
 pub fn without_speculation(mut r: v1::GenerateRequest) -> v1::GenerateRequest {
     r.speculation = Some(v1::SpeculationParams {
         mode: v1::SpeculationMode::Off as i32,

@@ -13,12 +13,13 @@ const QUESTIONS: &str = r#"{"question_id": "t1", "category": "translation", "tur
 
 fn env() -> Vec<(&'static str, &'static OsStr)> {
     vec![
-        // The cost curve measured here (README); calibrating at every start
-        // would only add seconds.
+        // The cost curve measured here (docs/performance.md); calibrating
+        // at every start would only add seconds.
         (
-            "SPECMESH_COST_CURVE",
+            "SPECMESH_VERIFIER_COST_CURVE",
             OsStr::new("1:1,2:1.26,4:1.85,8:2.99,16:5.02,32:9.5,64:18"),
         ),
+        ("SPECMESH_VERIFIER_THREADS", OsStr::new("2")),
         ("SPECMESH_THREADS", OsStr::new("2")),
         ("SPECMESH_LOG", OsStr::new("warn")),
     ]

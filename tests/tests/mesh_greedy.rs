@@ -3,7 +3,7 @@
 //! gateway with speculation off; streaming equals unary; concurrent
 //! clients each get their own correct output.
 
-use specmesh_e2e::mesh::{Mesh, bench_prompts, chat_request, without_speculation};
+use specmesh_e2e::mesh::{Mesh, bench_prompts, chat_request, spec_and_off};
 use specmesh_e2e::{run, stdout_ok};
 
 const MAX_NEW: u32 = 40;
@@ -43,16 +43,7 @@ async fn greedy_through_the_mesh_equals_plain_decoding() {
     let (mut steps, mut tokens, mut accepted) = (0u64, 0u64, 0u64);
     for (category, text) in &prompts {
         let expected = local_plain(text);
-        let spec = client
-            .generate(chat_request(text, MAX_NEW))
-            .await
-            .unwrap()
-            .into_inner();
-        let off = client
-            .generate(without_speculation(chat_request(text, MAX_NEW)))
-            .await
-            .unwrap()
-            .into_inner();
+        let (spec, off) = spec_and_off(&mut client, text, MAX_NEW).await;
         assert_eq!(
             spec.token_ids, expected,
             "{category}: speculation changed the output of {text:?}"

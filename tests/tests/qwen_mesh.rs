@@ -3,7 +3,7 @@
 //! Greedy output with speculation equals plain decoding, through the
 //! gateway and in-process; the verifier holds the model in under 1.4 GB.
 
-use specmesh_e2e::mesh::{Mesh, chat_request, without_speculation};
+use specmesh_e2e::mesh::{Mesh, spec_and_off};
 use specmesh_e2e::{run, stdout_ok};
 
 const MAX_NEW: u32 = 48;
@@ -63,16 +63,7 @@ async fn the_1_5b_serves_greedy_output_identical_with_and_without_speculation() 
 
     let mut client = mesh.client().await;
     let expected = local_plain(EDIT);
-    let spec = client
-        .generate(chat_request(EDIT, MAX_NEW))
-        .await
-        .unwrap()
-        .into_inner();
-    let off = client
-        .generate(without_speculation(chat_request(EDIT, MAX_NEW)))
-        .await
-        .unwrap()
-        .into_inner();
+    let (spec, off) = spec_and_off(&mut client, EDIT, MAX_NEW).await;
     assert_eq!(spec.token_ids, expected, "speculation changed the output");
     assert_eq!(off.token_ids, expected, "the gateway differs from --local");
     assert!(spec.text.contains("acc"), "{}", spec.text);

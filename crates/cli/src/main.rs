@@ -1,11 +1,13 @@
-//! `specmesh`: the project's command line.
+//! `specmesh`: the project's command line. The benchmark subcommands
+//! (`bench`, `bench-model`, `accept`, `bench-draft`) live in
+//! `specmesh-bench`; this binary only wires them in.
+
+#![forbid(unsafe_code)]
 
 mod commands;
-mod launch;
-mod local;
-mod specbench;
 
 use clap::{Parser, Subcommand};
+use specmesh_bench as bench;
 
 #[derive(Parser)]
 #[command(
@@ -32,15 +34,15 @@ enum Command {
     Tokenize(commands::tokenize::Args),
     /// Spec-Bench through the gateway: speculation against plain decoding,
     /// interleaved, with an identity check of every greedy output.
-    Bench(commands::bench::Args),
+    Bench(bench::bench::Args),
     /// Measure the model runtime: prefill, decode and the verify cost curve.
-    BenchModel(commands::bench_model::Args),
+    BenchModel(bench::bench_model::Args),
     /// Score the drafters offline: tokens per verify step (τ) per Spec-Bench
     /// category, replayed against recorded greedy outputs.
-    Accept(commands::accept::Args),
+    Accept(bench::accept::Args),
     /// Measure drafting and verification per call: each drafter's propose
     /// at a long context, and verifying a 64-node tree on real logits.
-    BenchDraft(commands::bench_draft::Args),
+    BenchDraft(bench::bench_draft::Args),
 }
 
 fn main() {
@@ -50,10 +52,10 @@ fn main() {
         Command::Generate(a) => commands::generate::run(a),
         Command::Up(a) => commands::up::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
-        Command::BenchModel(a) => commands::bench_model::run(a),
-        Command::Bench(a) => commands::bench::run(a),
-        Command::Accept(a) => commands::accept::run(a),
-        Command::BenchDraft(a) => commands::bench_draft::run(a),
+        Command::BenchModel(a) => bench::bench_model::run(a),
+        Command::Bench(a) => bench::bench::run(a),
+        Command::Accept(a) => bench::accept::run(a),
+        Command::BenchDraft(a) => bench::bench_draft::run(a),
     };
     if let Err(e) = result {
         // One line a user can act on; the chain gives the cause.

@@ -10,9 +10,10 @@
 //!
 //! This runs once per expanded node, so the vocabulary is scanned, never
 //! sorted: one streaming pass keeps the few candidates, one vectorised pass
-//! computes the softmax normaliser.
+//! computes the softmax normaliser (`specmesh_numeric`'s, shared with the
+//! sampler and the verifier).
 
-use specmesh_kernels::vec::exp_neg;
+use specmesh_numeric::softmax_normaliser;
 use specmesh_sampling::{SamplingParams, uniform};
 
 /// Mixed into the request seed so the drafter's randomness is independent
@@ -58,34 +59,8 @@ fn top_k_ids(row: &[f32], k: usize) -> Vec<u32> {
     ids
 }
 
-/// `Σ exp((v − max) / t)` over `values`: the softmax normaliser, with the
-/// vectorisable exponential of the kernels (2 ulp) summed in f32 lanes and
-/// then f64. Only the normaliser is computed this way; the few candidates'
-/// own probabilities use the exact f64 exponential.
-fn normaliser(values: &[f32], max: f32, t: f32) -> f64 {
-    const LANES: usize = 16;
-    let inv_t = 1.0 / t;
-    let chunks = values.chunks_exact(LANES);
-    let mut total: f64 = chunks
-        .remainder()
-        .iter()
-        .map(|&v| exp_neg((v - max) * inv_t) as f64)
-        .sum();
-    let mut acc = [0.0f32; LANES];
-    for (i, c) in chunks.enumerate() {
-        for l in 0..LANES {
-            acc[l] += exp_neg((c[l] - max) * inv_t);
-        }
-        // Flush to f64 now and then so f32 lanes never sum too many terms.
-        if i % 64 == 63 {
-            total += acc.iter().map(|&a| a as f64).sum::<f64>();
-            acc = [0.0; LANES];
-        }
-    }
-    total + acc.iter().map(|&a| a as f64).sum::<f64>()
-}
-
-/// `exp((v − max) / t)` in f64.
+/// `exp((v − max) / t)` in f64: the few candidates' own weights, exact;
+/// only the normaliser over the whole row uses the vectorisable exponential.
 fn weight(v: f32, max: f32, t: f32) -> f64 {
     ((v as f64 - max as f64) / t as f64).exp()
 }
@@ -99,7 +74,7 @@ pub(crate) fn greedy_candidates(row: &[f32], n: usize) -> Option<Vec<(u32, f32)>
     }
     let top = top_n(row, n);
     let max = top.first()?.1;
-    let z = normaliser(row, max, 1.0);
+    let z = softmax_normaliser(row, max, 1.0);
     Some(
         top.into_iter()
             .map(|(t, v)| (t, (weight(v, max, 1.0) / z) as f32))
@@ -129,7 +104,7 @@ pub(crate) fn sampled_candidates(
     let max = top.first()?.1;
     // The normaliser runs over the top-k set (the whole row without one).
     let z = if top_k == row.len() {
-        normaliser(row, max, t)
+        softmax_normaliser(row, max, t)
     } else {
         let values: Vec<f32> = if top_k <= n {
             top.iter().map(|e| e.1).collect()
@@ -139,7 +114,7 @@ pub(crate) fn sampled_candidates(
                 .map(|i| row[i as usize])
                 .collect()
         };
-        normaliser(&values, max, t)
+        softmax_normaliser(&values, max, t)
     };
     let mut probs: Vec<(u32, f64)> = top
         .into_iter()

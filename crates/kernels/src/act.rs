@@ -226,6 +226,11 @@ mod x86 {
     use crate::format::{BLOCK, SUPER_BLOCK};
 
     /// max |x[i]| of one block (order does not matter for a maximum).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, which the build guarantees: this module is
+    /// compiled only with `target_feature = "avx2"`. `x` must hold one
+    /// 32-value block; the length is asserted before any load.
     pub(super) unsafe fn abs_max(x: &[f32]) -> f32 {
         assert_eq!(x.len(), BLOCK);
         unsafe {
@@ -245,6 +250,11 @@ mod x86 {
 
     /// Bit-identical to `super::round_even_block`: `vroundps` to nearest
     /// rounds ties to even, as `round_ties_even` does.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, which the build guarantees: this module is
+    /// compiled only with `target_feature = "avx2"`. `x` must hold one
+    /// 256-value super-block; the length is asserted before any load.
     pub(super) unsafe fn round_even_block(x: &[f32], iscale: f32, q: &mut [i8; SUPER_BLOCK]) {
         assert_eq!(x.len(), SUPER_BLOCK);
         unsafe {
@@ -271,6 +281,11 @@ mod x86 {
     /// Bit-identical to `super::round_block`: `round` is emulated exactly
     /// (truncate, then step away from zero when the dropped part is ≥ ½;
     /// `x − trunc(x)` is exact in f32), not the ties-to-even of `vroundps`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, which the build guarantees: this module is
+    /// compiled only with `target_feature = "avx2"`. `x` must hold one
+    /// 32-value block; the length is asserted before any load.
     pub(super) unsafe fn round_block(x: &[f32], id: f32, q: &mut [i8; BLOCK]) -> i32 {
         assert_eq!(x.len(), BLOCK);
         unsafe {

@@ -18,7 +18,7 @@ pub enum Isa {
     Avx512Vnni,
     /// AVX-512 VNNI, plus AMX-INT8 tiles for calls of several activation
     /// rows (Sapphire Rapids and later). Bit-identical to `Avx512Vnni`.
-    /// Opt-in only: measured here it is no faster (README, "AMX").
+    /// Opt-in only: measured here it is no faster (docs/performance.md, "Build flags").
     AmxInt8,
 }
 

@@ -19,6 +19,8 @@
 //! code; AMX-INT8 tiles are opt-in ([`Isa::AmxInt8`]). All integer paths
 //! produce identical integer dot products; only the
 //! float accumulation order differs between ISAs (never between calls).
+//! Attention's loops follow the same choice ([`attn::AttnKernel::select`]):
+//! `Isa::Scalar` runs them in portable Rust too.
 
 mod act;
 pub mod attn;

@@ -14,7 +14,7 @@
 //! Why this is opt-in (`Isa::AmxInt8`): GGML scales every 32-input block, so
 //! each block's sums still need a float epilogue per (token, 16 rows), and
 //! that epilogue, not the dot products, bounds the kernel. Measured on this
-//! 2-core VM it runs no faster than VNNI (README, "AMX-INT8").
+//! 2-core VM it runs no faster than VNNI (docs/performance.md, "Build flags").
 //!
 //! Tiles (palette 1), two sets so consecutive blocks do not wait on each
 //! other's registers: tmm0 / tmm1 = activations (t rows × 32 i8), tmm2 /
@@ -171,6 +171,11 @@ macro_rules! store_sums {
 
 /// Rows 2i and 2i + 1 of a weight tile from 64 bytes of each group: the
 /// 256-bit halves [g lo, g+1 lo] and [g hi, g+1 hi].
+///
+/// # Safety
+/// `dst` must be 64-byte aligned and writable for `2 · i + 2` 512-bit
+/// rows, and the CPU must support AVX-512F (callers run inside the
+/// AVX-512 `#[target_feature]` entry points of this module).
 #[inline(always)]
 unsafe fn two_rows(dst: *mut __m512i, i: usize, x: __m512i, y: __m512i) {
     unsafe {
@@ -181,6 +186,11 @@ unsafe fn two_rows(dst: *mut __m512i, i: usize, x: __m512i, y: __m512i) {
 
 /// Writes the weight tile (8 rows × 64 bytes) of the group-blocks at `p0`
 /// and `p1` into `dst`.
+///
+/// # Safety
+/// `p0` and `p1` must each point to one whole group-block of the format
+/// (Q4_1 if `Q4_1`, else Q8_0), `dst` must be 64-byte aligned and writable
+/// for 512 bytes, and the CPU must support AVX-512F and BW.
 #[inline(always)]
 unsafe fn weight_tile<const Q4_1: bool>(p0: *const u8, p1: *const u8, dst: *mut u8) {
     unsafe {
@@ -210,6 +220,13 @@ unsafe fn weight_tile<const Q4_1: bool>(p0: *const u8, p1: *const u8, dst: *mut 
 }
 
 /// Starts the tile product of chunk-local block `i` on tile set i % 2.
+///
+/// # Safety
+/// [`available`] must have returned true (AMX-INT8 present and enabled
+/// for this process), the caller's `ldtilecfg` must have configured the
+/// tiles for the t activation rows being read, `a` must point to t rows
+/// of 32 readable i8 values `a_stride` bytes apart, and `i < CHUNK` with
+/// `scratch.w[i]` holding the block's weight tile.
 #[inline(always)]
 unsafe fn start<const Q4_1: bool>(a: *const i8, a_stride: usize, i: usize, scratch: &Scratch) {
     unsafe {
@@ -224,6 +241,12 @@ unsafe fn start<const Q4_1: bool>(a: *const i8, a_stride: usize, i: usize, scrat
 }
 
 /// Stores the sums of chunk-local block `i` from tile set i % 2.
+///
+/// # Safety
+/// [`available`] must have returned true, the tiles must be configured
+/// (`ldtilecfg`) for at most `MAX_T` rows, and `i < CHUNK` (indexing
+/// `scratch.sums` is bounds-checked; the tile store writes t rows of 64
+/// bytes into that entry).
 #[inline(always)]
 unsafe fn store(i: usize, scratch: &mut Scratch) {
     unsafe {
@@ -239,6 +262,12 @@ unsafe fn store(i: usize, scratch: &mut Scratch) {
 /// VNNI pair kernels (block by block: acc += f32(sum) · (d_w · d_a),
 /// macc += m_w · s_a). Token by token, so that one token's two
 /// accumulators stay in registers across the chunk.
+///
+/// # Safety
+/// `base0` and `base1` must each point to a group's `nb` group-blocks of
+/// `gbb` bytes, `row0` to `T` activation rows of `nb` blocks each (row ti
+/// at `row0 + ti · nb`), `c0 + len <= nb` and `len <= CHUNK`, and the CPU
+/// must support AVX-512F.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn finish<const Q4_1: bool, const T: usize>(
@@ -281,6 +310,15 @@ unsafe fn finish<const Q4_1: bool, const T: usize>(
     }
 }
 
+/// The pairs of groups (g0 + 2i, g0 + 2i + 1), i < `npairs`, against
+/// activation rows r0..r0 + T (see [`AmxPairsFn`]).
+///
+/// # Safety
+/// As for [`AmxPairsFn`], with `T` rows (1..=16): `data` is a packed
+/// matrix (Q4_1 if `Q4_1`, else Q8_0) of `nb` blocks per row holding
+/// those groups, rows r0..r0 + T exist in `acts` with `nb` blocks, and
+/// [`available`] has returned true; the CPU must also support AVX-512
+/// VNNI, BW and VL (implied by `available`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pairs<const Q4_1: bool, const T: usize>(
@@ -350,6 +388,13 @@ unsafe fn pairs<const Q4_1: bool, const T: usize>(
 
 macro_rules! pairs_entry {
     ($name:ident, $q4_1:literal) => {
+        /// An [`AmxPairsFn`].
+        ///
+        /// # Safety
+        /// As for [`AmxPairsFn`]: `data` is a packed matrix of `nb` blocks
+        /// per row holding the groups, rows `r0..r0 + t` (`t` in 1..=16)
+        /// exist in `acts`, and [`available`] has returned true (the
+        /// dispatcher only picks these for a supported `Isa::AmxInt8`).
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         #[allow(clippy::too_many_arguments)]
         unsafe fn $name(

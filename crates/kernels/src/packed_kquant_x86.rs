@@ -29,6 +29,11 @@ use crate::packed::kquant::{
 use crate::packed_x86::{GroupFn, GroupOut};
 
 /// Four activation bytes starting at `at`, broadcast to every 32-bit lane.
+///
+/// # Safety
+/// `at + 4 <= qs.len()` (debug-asserted), and the CPU must support AVX
+/// (callers are the `#[target_feature(enable = "avx2,fma,f16c")]` entry
+/// points below, into which this inlines).
 #[inline(always)]
 unsafe fn bcast4(qs: &[i8], at: usize) -> __m256i {
     debug_assert!(at + 4 <= qs.len());
@@ -36,12 +41,23 @@ unsafe fn bcast4(qs: &[i8], at: usize) -> __m256i {
 }
 
 /// Two adjacent i16 activation sums, broadcast as one 32-bit lane.
+///
+/// # Safety
+/// `at + 2 <= sums.len()` (debug-asserted), and the CPU must support AVX
+/// (callers are the `#[target_feature(enable = "avx2,fma,f16c")]` entry
+/// points below, into which this inlines).
 #[inline(always)]
 unsafe fn bcast_pair(sums: &[i16], at: usize) -> __m256i {
     debug_assert!(at + 2 <= sums.len());
     unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(sums.as_ptr().add(at) as *const i32)) }
 }
 
+/// 32 bytes at `p`.
+///
+/// # Safety
+/// `p` must point to 32 readable bytes, and the CPU must support AVX
+/// (callers are the `#[target_feature(enable = "avx2,fma,f16c")]` entry
+/// points below, into which this inlines).
 #[inline(always)]
 unsafe fn load(p: *const u8) -> __m256i {
     unsafe { _mm256_loadu_si256(p as *const __m256i) }
@@ -50,6 +66,11 @@ unsafe fn load(p: *const u8) -> __m256i {
 /// 8 scale bytes (one per row), each duplicated into both i16 halves of
 /// its row's 32-bit lane: the `vpmaddwd` operand that scales a row's pair
 /// of i16 sums.
+///
+/// # Safety
+/// `p` must point to 8 readable bytes, and the CPU must support AVX2
+/// (callers are the `#[target_feature(enable = "avx2,fma,f16c")]` entry
+/// points below, into which this inlines).
 #[inline(always)]
 unsafe fn row_scales_u8(p: *const u8) -> __m256i {
     unsafe {
@@ -58,6 +79,12 @@ unsafe fn row_scales_u8(p: *const u8) -> __m256i {
     }
 }
 
+/// [`row_scales_u8`] for signed scales (Q6_K).
+///
+/// # Safety
+/// `p` must point to 8 readable bytes, and the CPU must support AVX2
+/// (callers are the `#[target_feature(enable = "avx2,fma,f16c")]` entry
+/// points below, into which this inlines).
 #[inline(always)]
 unsafe fn row_scales_i8(p: *const u8) -> __m256i {
     unsafe {
@@ -67,6 +94,10 @@ unsafe fn row_scales_i8(p: *const u8) -> __m256i {
 }
 
 /// Writes the T results.
+///
+/// # Safety
+/// The CPU must support AVX (callers are the `#[target_feature(enable = "avx2,fma,f16c")]` entry
+/// points below, into which this inlines).
 #[inline(always)]
 unsafe fn store<const T: usize>(acc: &[__m256; T], out: &mut GroupOut) {
     for t in 0..T {
@@ -74,6 +105,15 @@ unsafe fn store<const T: usize>(acc: &[__m256; T], out: &mut GroupOut) {
     }
 }
 
+/// One 8-row group of packed Q4_K rows · `T` activation rows (see
+/// [`GroupFn`]).
+///
+/// # Safety
+/// `data` must be a packed Q4_K matrix of `nsb` super-blocks per row with at
+/// least `g + 1` groups, rows `r0..r0 + T` must exist in `acts` as
+/// 256-element blocks (`quantize_k`), `nsb` each,
+/// and the CPU must support AVX2, FMA and F16C (callers are the
+/// `#[target_feature]` entry points below).
 #[inline(always)]
 unsafe fn q4_k_group<const T: usize>(
     data: &[u8],
@@ -133,6 +173,10 @@ unsafe fn q4_k_group<const T: usize>(
 }
 
 /// Q6_K's top two bits of chunk c moved to bits 4..6 of each byte.
+///
+/// # Safety
+/// The CPU must support AVX2 (callers are the `#[target_feature(enable = "avx2,fma,f16c")]` entry
+/// points below, into which this inlines).
 #[inline(always)]
 unsafe fn q6_high(h: __m256i, c: usize) -> __m256i {
     unsafe {
@@ -146,6 +190,15 @@ unsafe fn q6_high(h: __m256i, c: usize) -> __m256i {
     }
 }
 
+/// One 8-row group of packed Q6_K rows · `T` activation rows (see
+/// [`GroupFn`]).
+///
+/// # Safety
+/// `data` must be a packed Q6_K matrix of `nsb` super-blocks per row with at
+/// least `g + 1` groups, rows `r0..r0 + T` must exist in `acts` as
+/// 256-element blocks (`quantize_k`), `nsb` each,
+/// and the CPU must support AVX2, FMA and F16C (callers are the
+/// `#[target_feature]` entry points below).
 #[inline(always)]
 unsafe fn q6_k_group<const T: usize>(
     data: &[u8],
@@ -218,6 +271,10 @@ unsafe fn q6_k_group<const T: usize>(
 
 /// Q5_0's fifth bits of chunk c, half s (bit 2c + s of each byte of the
 /// plane), moved to bit 4.
+///
+/// # Safety
+/// The CPU must support AVX2 (callers are the `#[target_feature(enable = "avx2,fma,f16c")]` entry
+/// points below, into which this inlines).
 #[inline(always)]
 unsafe fn q5_fifth(h: __m256i, bit: usize) -> __m256i {
     unsafe {
@@ -235,6 +292,15 @@ unsafe fn q5_fifth(h: __m256i, bit: usize) -> __m256i {
     }
 }
 
+/// One 8-row group of packed Q5_0 rows · `T` activation rows (see
+/// [`GroupFn`]).
+///
+/// # Safety
+/// `data` must be a packed Q5_0 matrix of `nb` blocks per row with at
+/// least `g + 1` groups, rows `r0..r0 + T` must exist in `acts` as
+/// 32-element blocks, `nb` each,
+/// and the CPU must support AVX2, FMA and F16C (callers are the
+/// `#[target_feature]` entry points below).
 #[inline(always)]
 unsafe fn q5_0_group<const T: usize>(
     data: &[u8],
@@ -288,6 +354,15 @@ unsafe fn q5_0_group<const T: usize>(
 
 macro_rules! entry {
     ($kernel:ident, $name:ident) => {
+        /// A [`GroupFn`] on AVX2 (used on every x86 ISA).
+        ///
+        /// # Safety
+        /// As for [`GroupFn`]: `data` is a packed matrix of `nb` blocks (or
+        /// super-blocks) per row with at least `g + 1` groups, rows
+        /// `r0..r0 + t` exist in `acts` in the format's activation layout,
+        /// and the CPU supports AVX2, FMA and F16C (every non-scalar
+        /// `Isa` implies them, and the dispatcher only hands this out for
+        /// one that `Isa::supported` confirmed).
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $name(
             data: &[u8],

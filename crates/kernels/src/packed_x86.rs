@@ -35,11 +35,20 @@ pub(crate) type GroupFn = unsafe fn(
 
 trait Dot4 {
     /// acc + per 32-bit lane Σ of 4 adjacent u8(u) · i8(s).
+    ///
+    /// # Safety
+    /// The CPU must support the implementation's instructions (AVX2 for
+    /// `Avx2`, AVX-VNNI for `AvxVnni`, AVX-512 VNNI and VL for
+    /// `Avx512Vnni`); it is only called from the `#[target_feature]` entry
+    /// points of that ISA, which the dispatcher enters after
+    /// `Isa::supported` confirmed it.
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
 }
 
 struct Avx2;
 impl Dot4 for Avx2 {
+    /// # Safety
+    /// The CPU must support AVX2 (see [`Dot4::acc`]).
     #[inline(always)]
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         unsafe {
@@ -53,6 +62,8 @@ impl Dot4 for Avx2 {
 
 struct AvxVnni;
 impl Dot4 for AvxVnni {
+    /// # Safety
+    /// The CPU must support AVX-VNNI (see [`Dot4::acc`]).
     #[inline(always)]
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         unsafe { _mm256_dpbusd_avx_epi32(acc, u, s) }
@@ -61,6 +72,8 @@ impl Dot4 for AvxVnni {
 
 struct Avx512Vnni;
 impl Dot4 for Avx512Vnni {
+    /// # Safety
+    /// The CPU must support AVX-512 VNNI and VL (see [`Dot4::acc`]).
     #[inline(always)]
     unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         unsafe { _mm256_dpbusd_epi32(acc, u, s) }
@@ -68,11 +81,23 @@ impl Dot4 for Avx512Vnni {
 }
 
 /// Four activation bytes starting at `at`, broadcast to every 32-bit lane.
+///
+/// # Safety
+/// `at + 4 <= 32` (the bytes lie inside `a.qs`), and the CPU must support
+/// AVX (true of every caller: the AVX2 / VNNI kernels of this module).
 #[inline(always)]
 unsafe fn bcast4(a: &BlockQ8, at: usize) -> __m256i {
     unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(a.qs.as_ptr().add(at) as *const i32)) }
 }
 
+/// One 8-row group of packed Q4_1 rows · `T` activation rows (see
+/// [`GroupFn`]).
+///
+/// # Safety
+/// `data` must be a packed Q4_1 matrix of `nb` blocks per row with at
+/// least `g + 1` groups, rows `r0..r0 + T` must exist in `acts` with `nb`
+/// blocks each, and the CPU must support AVX2, FMA, F16C and `D`'s
+/// instructions (callers are the `#[target_feature]` entry points below).
 #[inline(always)]
 unsafe fn q4_1_group<D: Dot4, const T: usize>(
     data: &[u8],
@@ -117,6 +142,14 @@ unsafe fn q4_1_group<D: Dot4, const T: usize>(
     }
 }
 
+/// One 8-row group of packed Q8_0 rows · `T` activation rows (see
+/// [`GroupFn`]).
+///
+/// # Safety
+/// `data` must be a packed Q8_0 matrix of `nb` blocks per row with at
+/// least `g + 1` groups, rows `r0..r0 + T` must exist in `acts` with `nb`
+/// blocks each, and the CPU must support AVX2, FMA, F16C and `D`'s
+/// instructions (callers are the `#[target_feature]` entry points below).
 #[inline(always)]
 unsafe fn q8_0_group<D: Dot4, const T: usize>(
     data: &[u8],
@@ -162,6 +195,15 @@ macro_rules! entry_points {
             use super::*;
             macro_rules! dispatch {
                 ($kernel:ident, $fn_name:ident) => {
+                    /// A [`GroupFn`] for this ISA.
+                    ///
+                    /// # Safety
+                    /// As for [`GroupFn`]: `data` is a packed matrix of
+                    /// `nb` blocks per row with at least `g + 1` groups,
+                    /// rows `r0..r0 + t` exist in `acts`, and the CPU
+                    /// supports this module's target features (checked by
+                    /// `Isa::supported` before the dispatcher hands this
+                    /// function out).
                     #[target_feature(enable = $features)]
                     pub(super) unsafe fn $fn_name(
                         data: &[u8],
@@ -222,6 +264,11 @@ pub(crate) fn group_fn(isa: Isa, fmt: QFormat) -> GroupFn {
 /// Like [`GroupFn`] for two adjacent groups g and g + 1 at once (16 rows
 /// in 512-bit registers). Per lane the operations are those of the 256-bit
 /// kernels, so results are bit-identical to two single-group calls.
+///
+/// # Safety
+/// `data` must be a packed matrix of `nb` blocks per row with at least
+/// g + 2 groups, rows r0..r0 + t must exist in `acts` with `nb` blocks, and
+/// the CPU must support AVX-512 VNNI (with F, BW and VL).
 pub(crate) type PairFn = unsafe fn(
     data: &[u8],
     nb: usize,
@@ -233,6 +280,10 @@ pub(crate) type PairFn = unsafe fn(
 );
 
 /// Two 32-byte chunks at `a` and `b` in one 512-bit register.
+///
+/// # Safety
+/// `a` and `b` must each point to 32 readable bytes, and the CPU must
+/// support AVX-512F (callers are the AVX-512 VNNI pair and AMX kernels).
 #[inline(always)]
 unsafe fn load_pair(a: *const u8, b: *const u8) -> __m512i {
     unsafe {
@@ -245,6 +296,10 @@ unsafe fn load_pair(a: *const u8, b: *const u8) -> __m512i {
 }
 
 /// Sixteen f16 (8 at `a`, 8 at `b`) as f32.
+///
+/// # Safety
+/// `a` and `b` must each point to 16 readable bytes, and the CPU must
+/// support AVX-512F (callers are the AVX-512 VNNI pair and AMX kernels).
 #[inline(always)]
 pub(crate) unsafe fn halves_pair(a: *const u8, b: *const u8) -> __m512 {
     unsafe {
@@ -255,12 +310,22 @@ pub(crate) unsafe fn halves_pair(a: *const u8, b: *const u8) -> __m512 {
     }
 }
 
+/// Four activation bytes starting at `at`, broadcast to every 32-bit lane
+/// of a 512-bit register.
+///
+/// # Safety
+/// `at + 4 <= 32` (the bytes lie inside `a.qs`), and the CPU must support
+/// AVX-512F.
 #[inline(always)]
 unsafe fn bcast4_512(a: &BlockQ8, at: usize) -> __m512i {
     unsafe { _mm512_set1_epi32(std::ptr::read_unaligned(a.qs.as_ptr().add(at) as *const i32)) }
 }
 
 /// Row `t` of a two-group result: lanes 0–7 to group g, 8–15 to g + 1.
+///
+/// # Safety
+/// The CPU must support AVX-512F (callers are the AVX-512 VNNI pair and
+/// AMX kernels); `t < R` is bounds-checked.
 #[inline(always)]
 pub(crate) unsafe fn store_pair<const R: usize>(
     v: __m512,
@@ -276,6 +341,14 @@ pub(crate) unsafe fn store_pair<const R: usize>(
     }
 }
 
+/// Two adjacent 8-row groups of packed Q4_1 rows · `T` activation rows
+/// in 512-bit registers (see [`PairFn`]).
+///
+/// # Safety
+/// `data` must be a packed Q4_1 matrix of `nb` blocks per row with at
+/// least `g + 2` groups, rows `r0..r0 + T` must exist in `acts` with `nb`
+/// blocks each, and the CPU must support AVX-512 VNNI, BW and VL (callers
+/// are the `#[target_feature]` entry points below).
 #[inline(always)]
 unsafe fn q4_1_pair<const T: usize>(
     data: &[u8],
@@ -321,6 +394,14 @@ unsafe fn q4_1_pair<const T: usize>(
     }
 }
 
+/// Two adjacent 8-row groups of packed Q8_0 rows · `T` activation rows
+/// in 512-bit registers (see [`PairFn`]).
+///
+/// # Safety
+/// `data` must be a packed Q8_0 matrix of `nb` blocks per row with at
+/// least `g + 2` groups, rows `r0..r0 + T` must exist in `acts` with `nb`
+/// blocks each, and the CPU must support AVX-512 VNNI, BW and VL (callers
+/// are the `#[target_feature]` entry points below).
 #[inline(always)]
 unsafe fn q8_0_pair<const T: usize>(
     data: &[u8],
@@ -367,6 +448,13 @@ unsafe fn q8_0_pair<const T: usize>(
 
 macro_rules! pair_entry {
     ($kernel:ident, $fn_name:ident) => {
+        /// A [`PairFn`] on AVX-512 VNNI.
+        ///
+        /// # Safety
+        /// As for [`PairFn`]: `data` is a packed matrix of `nb` blocks per
+        /// row with at least `g + 2` groups, rows `r0..r0 + t` exist in
+        /// `acts`, and the CPU supports AVX-512 VNNI (checked by
+        /// `Isa::supported` before [`pair_fn`] is asked for this kernel).
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         unsafe fn $fn_name(
             data: &[u8],

@@ -44,6 +44,11 @@ pub(crate) unsafe fn hsum256(v: std::arch::x86_64::__m256) -> f32 {
 
 /// Two 8-lane FMA accumulators; LLVM does not vectorize the portable
 /// version well for head-sized (64) vectors.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA, which the build guarantees: this
+/// function is compiled only with those target features. Loads stay below
+/// `min(a.len(), b.len())`.
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
@@ -80,8 +85,10 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
+/// [`dot`] in portable Rust: 8 independent lanes, then the fixed pairwise
+/// reduction and the tail in order (attention's portable kernel).
 #[inline]
-fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
     let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let (ta, tb) = (ca.remainder(), cb.remainder());
@@ -124,33 +131,9 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// e^x for x ≤ 0 (softmax arguments), to ~2 ulp: Cody–Waite reduction to
-/// r ∈ [−ln2/2, ln2/2] and a degree-6 Taylor polynomial. Branch-free, so a
-/// loop over it vectorizes, unlike libm's `expf`; deterministic, so softmax
-/// stays batch-invariant. Arguments below −87 return ~1e-38 instead of
-/// underflowing to subnormals.
-#[inline(always)]
-pub fn exp_neg(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    // Clamped into [-87, 0] (NaN lands on -87: `max` ignores it), so n is
-    // an integer in [-126, 0] and the unchecked conversion below is exact.
-    // A saturating `as i32` would be too, but it keeps LLVM from
-    // vectorising loops over this function (4 ns → 0.3 ns per element).
-    // Not `clamp`: it passes NaN through.
-    #[allow(clippy::manual_clamp)]
-    let x = x.max(-87.0).min(0.0);
-    let n = (x * LOG2E + 0.5).floor();
-    let r = x - n * LN2_HI - n * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    // SAFETY: n is finite and in [-126, 0] (see above).
-    let n = unsafe { n.to_int_unchecked::<i32>() };
-    f32::from_bits(((n + 127) as u32) << 23) * p
-}
+/// e^x for x ≤ 0 (softmax arguments), branch-free and deterministic; it
+/// lives in `specmesh-numeric`, shared with the samplers (see there).
+pub use specmesh_numeric::exp_neg;
 
 /// In-place softmax; leaves probabilities summing to 1.
 #[inline]
@@ -183,18 +166,6 @@ mod tests {
         let b: Vec<f32> = (0..37).map(|i| (i % 5) as f32 - 2.0).collect();
         let naive: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
         assert!((dot(&a, &b) - naive).abs() < 1e-3);
-    }
-
-    #[test]
-    fn exp_neg_is_accurate() {
-        for i in 0..2000 {
-            let x = -(i as f32) * 0.043;
-            let (got, want) = (exp_neg(x), (x as f64).exp());
-            assert!(
-                ((got as f64 - want) / want).abs() < 1e-6,
-                "exp({x}) = {got}, want {want}"
-            );
-        }
     }
 
     #[test]

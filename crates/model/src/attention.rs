@@ -14,8 +14,12 @@
 //! same operations, so a token's output does not depend on the other tokens
 //! of its block or batch, and greedy speculative decoding reproduces plain
 //! decoding bit for bit.
+//!
+//! The score and value loops run on the kernel of the model's ISA
+//! ([`attn::AttnKernel::select`]), like its matmuls: `Isa::Scalar` gives
+//! portable attention too.
 
-use specmesh_kernels::{attn, vec};
+use specmesh_kernels::{Isa, attn, vec};
 
 use crate::block::Block;
 use crate::sequence::Sequence;
@@ -35,6 +39,8 @@ pub(crate) struct Shape {
     pub kv_dim: usize,
     /// Row stride of the fused QKV buffer.
     pub qkv_stride: usize,
+    /// The model's kernel ISA, which picks the attention kernel too.
+    pub isa: Isa,
 }
 
 /// Output buffer shared across tasks that each write their own heads.
@@ -71,7 +77,7 @@ pub(crate) fn run_tasks(
     out: OutPtr,
     range: std::ops::Range<usize>,
 ) {
-    let d = shape.head_dim;
+    let (d, isa) = (shape.head_dim, shape.isa);
     let scale = 1.0 / (d as f32).sqrt();
     let per_group = shape.n_heads / shape.n_kv_heads;
     let parts = parts(items, shape, threads);
@@ -128,12 +134,12 @@ pub(crate) fn run_tasks(
             let c1 = (c0 + chunk).min(len);
             for q in queries.clone() {
                 let s = &mut scores[q][c0..c1];
-                attn::qk_scores(query(q), kc, shape.kv_dim, &prefix[c0..c1], scale, s);
+                attn::qk_scores(isa, query(q), kc, shape.kv_dim, &prefix[c0..c1], scale, s);
             }
         }
         for q in queries.clone() {
             let s = &mut scores[q][len..];
-            attn::qk_scores(query(q), kc, shape.kv_dim, &tails[q % n], scale, s);
+            attn::qk_scores(isa, query(q), kc, shape.kv_dim, &tails[q % n], scale, s);
             vec::softmax(&mut scores[q]);
             dst(q).fill(0.0);
         }
@@ -141,11 +147,18 @@ pub(crate) fn run_tasks(
             let c1 = (c0 + chunk).min(len);
             for q in queries.clone() {
                 let p = &scores[q][c0..c1];
-                attn::pv_accumulate(p, vc, shape.kv_dim, &prefix[c0..c1], dst(q));
+                attn::pv_accumulate(isa, p, vc, shape.kv_dim, &prefix[c0..c1], dst(q));
             }
         }
         for q in queries {
-            attn::pv_accumulate(&scores[q][len..], vc, shape.kv_dim, &tails[q % n], dst(q));
+            attn::pv_accumulate(
+                isa,
+                &scores[q][len..],
+                vc,
+                shape.kv_dim,
+                &tails[q % n],
+                dst(q),
+            );
         }
     }
 }

@@ -99,6 +99,7 @@ pub(crate) fn run(
         head_dim: d,
         kv_dim: kvd,
         qkv_stride,
+        isa,
     };
 
     for (l, w) in m.weights.layers[..m.n_layers].iter().enumerate() {

@@ -42,3 +42,4 @@ pub use logits::{Logits, TopToken};
 pub use model::Model;
 pub use sequence::Sequence;
 pub use specmesh_kernels::Isa;
+pub use specmesh_kernels::attn::AttnKernel;

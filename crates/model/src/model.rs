@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use specmesh_kernels::attn::AttnKernel;
 use specmesh_kernels::{Isa, ThreadPool};
 
 use crate::block::Block;
@@ -72,8 +73,15 @@ impl Model {
         self.n_layers
     }
 
+    /// The kernel ISA of the matmuls and attention (`LoadOptions::isa`).
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// The attention kernel this model runs: the one of its [`Model::isa`]
+    /// at its head size (portable for `Isa::Scalar`).
+    pub fn attention_kernel(&self) -> AttnKernel {
+        AttnKernel::select(self.isa, self.weights.config.head_dim)
     }
 
     pub fn threads(&self) -> usize {

@@ -2,6 +2,7 @@
 
 use specmesh_tree::{TokenTree, TreeError, TreeLimits};
 
+use crate::limits::MAX_TREE_SPAN;
 use crate::v1;
 
 /// Wire data that does not make a valid domain value.
@@ -22,12 +23,6 @@ pub enum ConvertError {
     #[error("span {span} is over the limit of {MAX_TREE_SPAN} steps")]
     SpanTooLong { span: u32 },
 }
-
-/// Most verify steps one tree with no nodes may stand for (`TokenTree.span`).
-/// A drafter never needs more: past it, one more message per this many steps
-/// costs nothing measurable, and a bound keeps a bad drafter from switching
-/// speculation off for the rest of a session in one message.
-pub const MAX_TREE_SPAN: u32 = 64;
 
 /// How many verify steps a tree received from a drafter stands for,
 /// validated: its `span` (0 read as 1) for a tree with no nodes, at most

@@ -1,12 +1,26 @@
 //! The `specmesh.v1` wire contracts and their conversion into validated
-//! domain types. Everything that arrives over the network passes through a
-//! `TryFrom`/`to_domain` here before any other code sees it.
+//! domain types: the only wire edge. Everything that arrives over the
+//! network passes through a `TryFrom` or a `*_from_wire` here before any
+//! other code sees it, and every bound of the protocol is defined here
+//! once ([`limits`]). Each service then checks the result against its own
+//! state (vocabulary, context, configured limits).
 
+#![forbid(unsafe_code)]
 #![allow(missing_debug_implementations)]
 
 mod convert;
+pub mod field;
+pub mod limits;
+mod run;
+mod sampling;
+mod start;
 
-pub use convert::{ConvertError, MAX_TREE_SPAN, tree_from_wire, tree_span, tree_to_wire};
+pub use convert::{ConvertError, tree_from_wire, tree_span, tree_to_wire};
+pub use field::FieldError;
+pub use limits::{MAX_TREE_SPAN, last_step};
+pub use run::{RunDraft, RunSpec};
+pub use sampling::check_top_k;
+pub use start::{ANONYMOUS_TENANT, CurveFallback, StartSpec};
 
 /// Generated messages, clients and servers of package `specmesh.v1`.
 pub mod v1 {

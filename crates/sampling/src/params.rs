@@ -1,6 +1,6 @@
 //! Sampling parameters, validated once at the edge.
 
-use specmesh_kernels::vec::exp_neg;
+use specmesh_numeric::{exp_neg, softmax_normaliser};
 
 /// Rejected sampling parameters; each message names the field and its bound.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -90,7 +90,23 @@ impl SamplingParams {
             .map(|&i| logits[i as usize])
             .find(|v| !v.is_nan())
             .unwrap_or(f32::NAN);
+        if max.is_nan() {
+            return Vec::new();
+        }
+        // Each kept token's exp_neg term over the shared softmax normaliser
+        // of the kept logits (the whole row without a top-k cut), which
+        // sums the very same terms in f64: the probabilities sum to 1 to
+        // f64 rounding, and the verifier and drafter use the same numbers.
         let inv_t = 1.0 / self.temperature;
+        let z = if idx.len() == logits.len() {
+            softmax_normaliser(logits, max, self.temperature)
+        } else {
+            let kept: Vec<f32> = idx.iter().map(|&i| logits[i as usize]).collect();
+            softmax_normaliser(&kept, max, self.temperature)
+        };
+        if !(z > 0.0 && z.is_finite()) {
+            return Vec::new();
+        }
         let mut probs: Vec<(u32, f64)> = idx
             .iter()
             .map(|&i| {
@@ -98,16 +114,11 @@ impl SamplingParams {
                 let p = if l.is_nan() {
                     0.0
                 } else {
-                    exp_neg((l - max) * inv_t) as f64
+                    exp_neg((l - max) * inv_t) as f64 / z
                 };
                 (i, p)
             })
             .collect();
-        let z: f64 = probs.iter().map(|p| p.1).sum();
-        if !(z > 0.0 && z.is_finite()) {
-            return Vec::new();
-        }
-        normalise(&mut probs);
         if self.top_p < 1.0 {
             let mut acc = 0.0;
             let mut cut = None;
@@ -201,6 +212,38 @@ mod tests {
         assert!(
             max_cut
                 <= min_kept * (1.0 + 1e-9) * nucleus.iter().map(|p| p.1).sum::<f64>() / 0.9 + 1e-12
+        );
+    }
+
+    #[test]
+    fn probabilities_are_exp_neg_over_the_shared_normaliser() {
+        // The most likely token's term is exp_neg(0) = 1, so its probability
+        // is exactly 1 / z with z the normaliser the verifier and the
+        // drafter compute for the same row; with a top-k cut, z runs over
+        // the kept logits only.
+        let logits: Vec<f32> = (0..3000)
+            .map(|i| ((i * 7919) % 1000) as f32 * 0.004)
+            .collect();
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for (t, k) in [(1.0f32, 0usize), (0.7, 0), (1.3, 50)] {
+            let d = SamplingParams::new(t, 1.0, k, 0)
+                .unwrap()
+                .distribution(&logits);
+            let z = if k == 0 {
+                softmax_normaliser(&logits, max, t)
+            } else {
+                let kept: Vec<f32> = d.iter().map(|p| logits[p.0 as usize]).collect();
+                softmax_normaliser(&kept, max, t)
+            };
+            assert_eq!(d[0].1.to_bits(), (1.0 / z).to_bits(), "t={t} k={k}");
+            assert!((d.iter().map(|p| p.1).sum::<f64>() - 1.0).abs() < 1e-12);
+        }
+        let nan = [f32::NAN, f32::NAN];
+        assert!(
+            SamplingParams::new(1.0, 1.0, 0, 0)
+                .unwrap()
+                .distribution(&nan)
+                .is_empty()
         );
     }
 

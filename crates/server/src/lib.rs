@@ -1,29 +1,48 @@
-//! Plumbing shared by the three services, so none of them re-implements
-//! health, reflection, shutdown or trace propagation.
+//! The service kit: what the three services share, so none of them
+//! re-implements it. [`cli`]: the common flags and the environment rule;
+//! [`serve`]: bind, health, reflection, keepalive, the "listening on" line
+//! and the graceful drain; [`client`]: channels to a peer service;
+//! [`shutdown`]: the signals; [`telemetry`]: tracing with trace-context
+//! propagation.
 
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod client;
+pub mod serve;
 pub mod shutdown;
 pub mod telemetry;
 
-use tonic::server::NamedService;
+pub use cli::{ServerArgs, Service};
+pub use serve::{Drain, NoDrain, ServeConfig, bind, serve};
 
-/// The gRPC health service, reporting `S` (and the whole server, "") as
-/// serving. Keep the reporter to flip to NOT_SERVING on shutdown.
-pub async fn health<S: NamedService>() -> (
-    tonic_health::server::HealthReporter,
-    tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
-) {
-    let (reporter, service) = tonic_health::server::health_reporter();
-    reporter.set_serving::<S>().await;
-    reporter
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
-    (reporter, service)
+/// The end of a service's `main`: 0 after a graceful shutdown; 1, with
+/// the whole cause chain on one line (for logs and for humans), when it
+/// could not start or serve.
+pub fn exit_code(service: &Service, served: anyhow::Result<()>) -> std::process::ExitCode {
+    match served {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            let binary = service.binary();
+            tracing::error!(error = format!("{error:#}"), "{binary} failed");
+            eprintln!("{binary}: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Bytes of a message carrying `tokens` token ids plus `rest` bytes of
+/// other fields: a token is a varint of at most 5 bytes. Services size
+/// their message limits with it from their own bounds, so the largest
+/// valid message fits and a larger one is refused before it is decoded.
+pub const fn message_bytes(tokens: usize, rest: usize) -> usize {
+    tokens.saturating_mul(5).saturating_add(rest)
 }
 
 /// Server reflection in both versions: grpcurl 1.8 speaks only `v1alpha`,
 /// newer clients `v1`. Describes the specmesh and health protos, so no
 /// client needs our proto files.
-pub fn reflection() -> anyhow::Result<(
+pub(crate) fn reflection() -> anyhow::Result<(
     tonic_reflection::server::v1::ServerReflectionServer<
         impl tonic_reflection::server::v1::ServerReflection,
     >,

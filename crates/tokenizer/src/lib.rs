@@ -152,6 +152,17 @@ impl Tokenizer {
         hf::parts_from_dir(dir).and_then(Self::from_parts)
     }
 
+    /// The tokenizer of a model path as every `--model` flag takes it: a
+    /// directory is a Hugging Face checkpoint (`tokenizer.json`), a file a
+    /// GGUF (its metadata).
+    pub fn from_model_path(path: &Path) -> Result<Self, TokenizerError> {
+        if path.is_dir() {
+            Self::from_hf_dir(path)
+        } else {
+            Self::from_gguf_path(path)
+        }
+    }
+
     fn from_parts(parts: Parts) -> Result<Self, TokenizerError> {
         let mut plain_encoder = parts.encoder.clone();
         plain_encoder.set_encode_special_tokens(true);

@@ -7,7 +7,7 @@
 //! before top-k/top-p), so a request's sampling settings do not change what
 //! is recycled.
 
-use specmesh_kernels::vec::exp_neg;
+use specmesh_numeric::softmax_normaliser;
 
 /// The `k` largest entries of `row` as (token, log-probability), most likely
 /// first, lower token id first on ties.
@@ -55,30 +55,17 @@ fn top_entries(row: &[f32], k: usize) -> Vec<(f32, u32)> {
 }
 
 /// `ln Σ exp(row)` over the non-NaN entries, shifted by their maximum `max`
-/// so it cannot overflow; the exponentials are the kernels' branch-free
-/// `exp_neg`, summed in sixteen f32 lanes (two AVX2 registers, so the loop
-/// vectorises), then in f64. A NaN needs no branch: `exp_neg` maps it to
-/// ~1e-38, nothing next to the maximum's own 1.
+/// so it cannot overflow. The sum is the softmax normaliser shared with the
+/// sampler and the model drafter ([`softmax_normaliser`] at temperature 1:
+/// the branch-free `exp_neg`, summed in sixteen f64 lanes). A NaN
+/// needs no branch: `exp_neg` maps it to ~1e-38, nothing next to the
+/// maximum's own 1.
 fn log_sum_exp(row: &[f32], max: f32) -> f64 {
     if !max.is_finite() {
         // All -inf or NaN (or +inf present): nothing sensible to shift by.
         return max as f64;
     }
-    const LANES: usize = 16;
-    let mut acc = [0.0f32; LANES];
-    let chunks = row.chunks_exact(LANES);
-    let tail: f64 = chunks
-        .remainder()
-        .iter()
-        .map(|&v| exp_neg(v - max) as f64)
-        .sum();
-    for c in chunks {
-        for l in 0..LANES {
-            acc[l] += exp_neg(c[l] - max);
-        }
-    }
-    let sum: f64 = acc.iter().map(|&a| a as f64).sum::<f64>() + tail;
-    max as f64 + sum.ln()
+    max as f64 + softmax_normaliser(row, max, 1.0).ln()
 }
 
 #[cfg(test)]

@@ -1,31 +1,20 @@
-//! Flags, with `SPECMESH_DRAFTER_*` environment fallbacks, and the validated
-//! [`Config`] the rest of the crate runs on.
-//!
-//! Every flag has an environment variable so the same image runs under a
-//! launcher (flags) and under Kubernetes (env from a ConfigMap). The names
-//! carry the service (`SPECMESH_DRAFTER_…`) because a drafter and a verifier
-//! often share one pod spec or one `.env` file in development, and a shared
-//! `SPECMESH_MAX_SESSIONS` would silently size both.
+//! Flags, with `SPECMESH_DRAFTER_*` environment fallbacks (the service
+//! kit's rule: `--max-sessions` reads `SPECMESH_DRAFTER_MAX_SESSIONS`), and
+//! the validated [`Config`] the rest of the crate runs on.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Environment variable names, one per flag.
-pub mod env {
-    pub const LISTEN: &str = "SPECMESH_DRAFTER_LISTEN";
-    pub const GLOBAL_INDEX_MIB: &str = "SPECMESH_DRAFTER_GLOBAL_INDEX_MIB";
-    pub const MAX_SESSIONS: &str = "SPECMESH_DRAFTER_MAX_SESSIONS";
-    pub const MAX_CONTEXT_TOKENS: &str = "SPECMESH_DRAFTER_MAX_CONTEXT_TOKENS";
-    pub const SHUTDOWN_GRACE_SECS: &str = "SPECMESH_DRAFTER_SHUTDOWN_GRACE_SECS";
-    pub const START_TIMEOUT_SECS: &str = "SPECMESH_DRAFTER_START_TIMEOUT_SECS";
-    pub const DRAFT_MODEL: &str = "SPECMESH_DRAFTER_DRAFT_MODEL";
-    pub const SELF_DRAFT_LAYERS: &str = "SPECMESH_DRAFTER_SELF_DRAFT_LAYERS";
-    pub const TARGET_TOKENIZER: &str = "SPECMESH_DRAFTER_TARGET_TOKENIZER";
-    pub const DRAFT_MODEL_THREADS: &str = "SPECMESH_DRAFTER_DRAFT_MODEL_THREADS";
-    pub const DRAFT_MODEL_SESSIONS: &str = "SPECMESH_DRAFTER_DRAFT_MODEL_SESSIONS";
-    pub const PIPELINE: &str = "SPECMESH_DRAFTER_PIPELINE";
-}
+use specmesh_server::cli::{FlagError, in_range};
+use specmesh_server::{ServerArgs, Service};
+
+/// The drafter as its command line knows it.
+pub const SERVICE: Service = Service {
+    name: "drafter",
+    default_listen: DEFAULT_LISTEN,
+    default_grace_secs: 20,
+};
 
 /// The default gRPC address: loopback, the drafter's well-known port.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50061";
@@ -41,69 +30,54 @@ const MAX_GLOBAL_INDEX_MIB: usize = 1 << 20;
     about = "The specmesh drafter: proposes token trees for the verifiers' sessions"
 )]
 pub struct Args {
-    /// Address to serve gRPC on (port 0: any free port, printed at startup).
-    #[arg(long, env = env::LISTEN, default_value = DEFAULT_LISTEN)]
-    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// Memory for the cross-session suffix index over all tenants (MiB; 0
     /// turns cross-session drafting off).
-    #[arg(long, env = env::GLOBAL_INDEX_MIB, default_value_t = 256)]
+    #[arg(long, default_value_t = 256)]
     pub global_index_mib: usize,
     /// Draft streams open at once, at most (over it: RESOURCE_EXHAUSTED).
-    #[arg(long, env = env::MAX_SESSIONS, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024)]
     pub max_sessions: usize,
     /// Context tokens (prompt + output) of one session, at most; a longer
     /// session is refused with INVALID_ARGUMENT. Bounds per-session memory.
-    #[arg(long, env = env::MAX_CONTEXT_TOKENS, default_value_t = 262_144)]
+    #[arg(long, default_value_t = 262_144)]
     pub max_context_tokens: usize,
     /// Send "nothing drafted" for the next step ahead of its outcome when
     /// the policy has already decided not to speculate, so the verifier
     /// never waits a round trip for an empty tree.
-    #[arg(long, env = env::PIPELINE, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub pipeline: bool,
-    /// Seconds open draft streams get to end on SIGTERM/SIGINT before they
-    /// are closed with UNAVAILABLE.
-    #[arg(long, env = env::SHUTDOWN_GRACE_SECS, default_value_t = 20)]
-    pub shutdown_grace_secs: u64,
     /// Seconds a new draft stream may take to send its `start`; a silent
     /// stream would hold a session slot (DEADLINE_EXCEEDED).
-    #[arg(long, env = env::START_TIMEOUT_SECS, default_value_t = 30)]
+    #[arg(long, default_value_t = 30)]
     pub start_timeout_secs: u64,
     /// A draft model sharing the target's vocabulary: a catalog name
     /// (`specmesh model list`) or a GGUF file; unset: model-free drafting only.
-    #[arg(long, env = env::DRAFT_MODEL)]
+    #[arg(long)]
     pub draft_model: Option<PathBuf>,
     /// Self-draft: `--draft-model` is the target itself and only its first
     /// N layers draft.
-    #[arg(long, env = env::SELF_DRAFT_LAYERS)]
+    #[arg(long)]
     pub self_draft_layers: Option<usize>,
     /// The target's tokenizer (a catalog name, a GGUF file or a Hugging Face
     /// model directory): the draft model is refused unless its vocabulary matches.
-    #[arg(long, env = env::TARGET_TOKENIZER)]
+    #[arg(long)]
     pub target_tokenizer: Option<PathBuf>,
     /// Compute threads of the draft model (default: all cores).
-    #[arg(long, env = env::DRAFT_MODEL_THREADS)]
+    #[arg(long)]
     pub draft_model_threads: Option<usize>,
     /// Sessions that draft with the model at once, at most; later ones
     /// draft model-free (each holds a KV cache of its context).
-    #[arg(long, env = env::DRAFT_MODEL_SESSIONS, default_value_t = 64)]
+    #[arg(long, default_value_t = 64)]
     pub draft_model_sessions: usize,
 }
 
 /// A flag combination that cannot run; messages name the flag.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
-    #[error("`--{flag}` must be >= {min}, got {value}")]
-    TooSmall {
-        flag: &'static str,
-        min: usize,
-        value: usize,
-    },
-    #[error("`--{flag}` must be <= {max}, got {value}")]
-    TooLarge {
-        flag: &'static str,
-        max: usize,
-        value: usize,
-    },
+    #[error(transparent)]
+    Range(#[from] FlagError),
     #[error("`--{flag}` needs `--draft-model`")]
     NeedsDraftModel { flag: &'static str },
 }
@@ -154,31 +128,21 @@ impl Default for Config {
     }
 }
 
-fn at_least(flag: &'static str, value: usize, min: usize) -> Result<usize, ConfigError> {
-    if value < min {
-        return Err(ConfigError::TooSmall { flag, min, value });
-    }
-    Ok(value)
+fn at_least(flag: &'static str, value: usize, min: usize) -> Result<usize, FlagError> {
+    in_range(flag, value, min, usize::MAX)
 }
 
 impl TryFrom<Args> for Config {
     type Error = ConfigError;
 
     fn try_from(a: Args) -> Result<Config, ConfigError> {
-        if a.global_index_mib > MAX_GLOBAL_INDEX_MIB {
-            return Err(ConfigError::TooLarge {
-                flag: "global-index-mib",
-                max: MAX_GLOBAL_INDEX_MIB,
-                value: a.global_index_mib,
-            });
-        }
-        if a.start_timeout_secs == 0 {
-            return Err(ConfigError::TooSmall {
-                flag: "start-timeout-secs",
-                min: 1,
-                value: 0,
-            });
-        }
+        in_range(
+            "global-index-mib",
+            a.global_index_mib,
+            0,
+            MAX_GLOBAL_INDEX_MIB,
+        )?;
+        at_least("start-timeout-secs", a.start_timeout_secs as usize, 1)?;
         let draft_model = match a.draft_model {
             Some(path) => Some(DraftModelConfig {
                 path,
@@ -206,12 +170,12 @@ impl TryFrom<Args> for Config {
             }
         };
         Ok(Config {
-            listen: a.listen,
+            listen: a.server.listen,
             global_index_bytes: a.global_index_mib << 20,
             max_sessions: at_least("max-sessions", a.max_sessions, 1)?,
             max_context_tokens: at_least("max-context-tokens", a.max_context_tokens, 1)?,
             pipeline: a.pipeline,
-            shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
+            shutdown_grace: Duration::from_secs(a.server.shutdown_grace_secs),
             start_timeout: Duration::from_secs(a.start_timeout_secs),
             draft_model,
         })
@@ -220,13 +184,13 @@ impl TryFrom<Args> for Config {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Config, ConfigError> {
         let argv = std::iter::once("specmesh-drafter").chain(args.iter().copied());
-        Config::try_from(Args::try_parse_from(argv).unwrap())
+        Config::try_from(
+            specmesh_server::cli::try_parse_from::<Args, _, _>(&SERVICE, argv).unwrap(),
+        )
     }
 
     #[test]

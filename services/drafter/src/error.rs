@@ -63,6 +63,15 @@ impl SessionError {
     }
 }
 
+impl From<specmesh_proto::FieldError> for SessionError {
+    fn from(e: specmesh_proto::FieldError) -> SessionError {
+        SessionError::Invalid {
+            field: e.field,
+            reason: e.reason,
+        }
+    }
+}
+
 impl From<SessionError> for Status {
     fn from(e: SessionError) -> Status {
         match e {

@@ -24,13 +24,15 @@ mod model;
 mod server;
 mod service;
 mod session;
+mod state;
 mod stats;
 mod stream;
 mod validate;
 
-pub use config::{Args, Config, ConfigError, DEFAULT_LISTEN, DraftModelConfig, env};
+pub use config::{Args, Config, ConfigError, DEFAULT_LISTEN, DraftModelConfig, SERVICE};
 pub use error::SessionError;
 pub use model::DraftModelError;
 pub use server::{CLOSE_TIMEOUT, Listening, bind, run};
+pub use specmesh_proto::ANONYMOUS_TENANT;
+pub use specmesh_proto::limits::{MAX_DEPTH, MAX_DRAFT_TOKENS};
 pub use stats::{Stats, StatsSnapshot};
-pub use validate::{ANONYMOUS_TENANT, MAX_DEPTH, MAX_DRAFT_TOKENS};

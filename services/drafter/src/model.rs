@@ -141,12 +141,7 @@ impl DraftModel {
 
 /// The tokenizer of a GGUF file or of a Hugging Face model directory.
 fn tokenizer(path: &Path) -> Result<Tokenizer, DraftModelError> {
-    let loaded = if path.is_dir() {
-        Tokenizer::from_hf_dir(path)
-    } else {
-        Tokenizer::from_gguf_path(path)
-    };
-    loaded.map_err(|source| DraftModelError::Tokenizer {
+    Tokenizer::from_model_path(path).map_err(|source| DraftModelError::Tokenizer {
         path: path.to_path_buf(),
         source: Box::new(source),
     })

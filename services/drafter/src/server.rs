@@ -1,19 +1,16 @@
-//! The process around the service: bind, serve (Drafter, health,
-//! reflection), and shut down gracefully.
+//! The process around the service: load the draft model, bind, and serve
+//! through the service kit (`specmesh_server::serve`: health, reflection,
+//! keepalive, graceful drain).
 //!
 //! Binding is separate from serving ([`bind`] then [`Listening::serve`]) so
 //! that whoever starts the server learns its address (port 0) and can hold
 //! its [`Stats`] before the first stream arrives; [`run`] does both.
 //!
-//! Shutdown, when the `shutdown` future resolves:
-//!
-//! 1. health turns NOT_SERVING and the listener closes; connections get
-//!    an HTTP/2 GOAWAY, so no new stream starts, but open ones go on;
-//! 2. open draft streams get [`Config::shutdown_grace`] to end by
-//!    themselves (their verifiers' sessions finishing);
-//! 3. then the remaining streams end with UNAVAILABLE (their verifiers go
-//!    on without speculation), and `serve` returns `Ok` after at most
-//!    [`CLOSE_TIMEOUT`] more.
+//! On shutdown open draft streams get [`Config::shutdown_grace`] to end by
+//! themselves (their verifiers' sessions finishing); then the remaining
+//! streams end with UNAVAILABLE (their verifiers go on without
+//! speculation), and `serve` returns `Ok` after at most [`CLOSE_TIMEOUT`]
+//! more.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -21,29 +18,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use specmesh_proto::v1::drafter_server::DrafterServer;
+use specmesh_proto::v1::drafter_server::{DrafterServer, SERVICE_NAME};
+use specmesh_server::{Drain, ServeConfig};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, oneshot, watch};
-use tonic::transport::server::TcpIncoming;
+use tokio::sync::{Semaphore, watch};
 
 use crate::config::Config;
 use crate::drafters::DrafterSet;
 use crate::model::DraftModel;
-use crate::service::{DraftService, Shared};
+use crate::service::DraftService;
+use crate::state::Shared;
 use crate::stats::Stats;
-
-/// HTTP/2 pings on idle connections: a verifier that vanished without
-/// closing its connection (node failure, partition) frees its session
-/// slots within interval + timeout instead of holding them forever.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long, after the grace period, closing streams may take before
 /// `serve` returns anyway.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The generated server type, named for health reporting.
-type Service = DrafterServer<DraftService>;
+/// Largest `DraftRequest` beyond its context tokens: a cost curve and an
+/// outcome's top-k rows are far below it.
+const MESSAGE_OVERHEAD: usize = 1 << 20;
 
 /// A bound, not yet serving, drafter; see the module docs.
 #[derive(Debug)]
@@ -51,6 +44,7 @@ pub struct Listening {
     listener: TcpListener,
     local_addr: SocketAddr,
     shutdown_grace: Duration,
+    max_context: usize,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
 }
@@ -74,9 +68,7 @@ pub async fn bind(config: Config) -> anyhow::Result<Listening> {
         ),
         None => None,
     };
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding {}", config.listen))?;
+    let listener = specmesh_server::bind(config.listen).await?;
     let local_addr = listener.local_addr().context("reading the bound address")?;
     let (stop, stop_rx) = watch::channel(false);
     let shared = Shared {
@@ -93,6 +85,7 @@ pub async fn bind(config: Config) -> anyhow::Result<Listening> {
         listener,
         local_addr,
         shutdown_grace: config.shutdown_grace,
+        max_context: config.max_context_tokens,
         shared: Arc::new(shared),
         stop,
     })
@@ -113,59 +106,33 @@ impl Listening {
     /// module docs). Prints `specmesh-drafter listening on ADDR` to stdout
     /// once serving: launchers wait for that line.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-        let (reporter, health) = specmesh_server::health::<Service>().await;
-        let (reflection_v1, reflection_v1alpha) =
-            specmesh_server::reflection().context("building the reflection service")?;
-        let (begin_shutdown, shutdown_begun) = oneshot::channel::<()>();
-        let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
-        let server = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-            .add_service(health)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
-            .add_service(DrafterServer::new(DraftService::new(Arc::clone(
-                &self.shared,
-            ))))
-            .serve_with_incoming_shutdown(incoming, async {
-                let _ = shutdown_begun.await;
-            });
-        tokio::pin!(server);
-        println!("specmesh-drafter listening on {}", self.local_addr);
-        tokio::select! {
-            served = &mut server => return served.context("serving gRPC"),
-            () = shutdown => {}
-        }
+        let limit = specmesh_server::message_bytes(self.max_context, MESSAGE_OVERHEAD);
+        let service = DrafterServer::new(DraftService::new(Arc::clone(&self.shared)))
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(MESSAGE_OVERHEAD);
+        let mut config = ServeConfig::new("specmesh-drafter", SERVICE_NAME, self.shutdown_grace);
+        config.close_timeout = CLOSE_TIMEOUT;
+        let drain = Streams {
+            stats: Arc::clone(&self.shared.stats),
+            stop: self.stop,
+        };
+        let routes = tonic::service::Routes::new(service);
+        specmesh_server::serve(self.listener, routes, config, &drain, shutdown).await
+    }
+}
 
-        let open = self.shared.stats.snapshot().sessions_open;
-        tracing::info!(
-            open,
-            grace = ?self.shutdown_grace,
-            "shutting down: no new streams, open ones get the grace period"
-        );
-        reporter.set_not_serving::<Service>().await;
-        reporter
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
-        let _ = begin_shutdown.send(());
-        if let Ok(served) = tokio::time::timeout(self.shutdown_grace, &mut server).await {
-            tracing::info!("every draft stream ended: stopped");
-            return served.context("serving gRPC");
-        }
-        let open = self.shared.stats.snapshot().sessions_open;
-        tracing::warn!(
-            open,
-            "grace period over: closing the remaining draft streams"
-        );
+/// The open draft streams, as the drain sees them.
+struct Streams {
+    stats: Arc<Stats>,
+    stop: watch::Sender<bool>,
+}
+
+impl Drain for Streams {
+    fn in_flight(&self) -> usize {
+        self.stats.snapshot().sessions_open as usize
+    }
+
+    fn close(&self) {
         let _ = self.stop.send(true);
-        match tokio::time::timeout(CLOSE_TIMEOUT, &mut server).await {
-            Ok(served) => served.context("serving gRPC"),
-            Err(_) => {
-                tracing::warn!(
-                    "connections still open after closing every stream: stopping anyway"
-                );
-                Ok(())
-            }
-        }
     }
 }

@@ -7,42 +7,22 @@
 //! session does afterwards, errors included, travels on the stream.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use specmesh_proto::v1;
 use specmesh_proto::v1::drafter_server::Drafter;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-use crate::drafters::DrafterSet;
 use crate::error::SessionError;
-use crate::stats::Stats;
+use crate::state::Shared;
 use crate::stream::DraftStream;
 
 /// Trees buffered per stream ahead of the verifier reading them. One tree
 /// is sent per outcome, so a few are plenty; a full buffer holds the
 /// session back instead of growing.
 const OUTBOUND_TREES: usize = 4;
-
-/// What every stream of the process shares.
-#[derive(Debug)]
-pub struct Shared {
-    pub drafters: DrafterSet,
-    pub stats: Arc<Stats>,
-    /// One permit per open stream.
-    pub slots: Arc<Semaphore>,
-    pub max_sessions: usize,
-    pub max_context: usize,
-    /// Pipelined "nothing drafted" trees.
-    pub pipeline: bool,
-    /// How long a new stream may take to send its `start`.
-    pub start_timeout: Duration,
-    /// Becomes `true` when the shutdown grace period is over: open streams
-    /// end with UNAVAILABLE.
-    pub stop: watch::Receiver<bool>,
-}
 
 /// The gRPC service; clones share one [`Shared`].
 #[derive(Debug, Clone)]

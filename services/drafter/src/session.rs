@@ -61,7 +61,7 @@ pub use report::Reported;
 
 use crate::drafters::SessionDrafter;
 use crate::error::SessionError;
-use crate::validate::SessionSpec;
+use specmesh_proto::StartSpec;
 
 /// The verifier's batch size assumed for step 0 (the start carries none).
 const FIRST_STEP_BATCH: usize = 1;
@@ -166,7 +166,7 @@ pub struct DraftSession {
 impl DraftSession {
     /// A session for `spec`; contexts may grow to `max_context` tokens.
     pub fn new(
-        spec: SessionSpec,
+        spec: StartSpec,
         drafter: SessionDrafter,
         max_context: usize,
         pipeline: bool,
@@ -263,7 +263,7 @@ impl DraftSession {
             self.deferred = Some(plan);
             return None;
         }
-        let last = plan.step + span as u64 - 1;
+        let last = specmesh_proto::last_step(plan.step, span as u32);
         self.ahead = Some((plan.step, last));
         self.next_step = last + 1;
         Some(Drafted {

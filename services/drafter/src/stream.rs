@@ -30,9 +30,9 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
 use tonic::{Code, Status, Streaming};
 
 use crate::error::SessionError;
-use crate::service::Shared;
 use crate::session::{Applied, DraftSession, Drafted, Plan, Reported};
-use crate::validate::SessionSpec;
+use crate::state::Shared;
+use specmesh_proto::StartSpec;
 
 /// How long a failed stream waits to hand its error status to a verifier
 /// that is not reading, before giving up.
@@ -239,7 +239,7 @@ impl DraftStream {
     }
 
     /// Waits for the stream's `start` and validates it.
-    async fn start(&mut self) -> Result<SessionSpec, SessionError> {
+    async fn start(&mut self) -> Result<StartSpec, SessionError> {
         let timeout = self.shared.start_timeout;
         let first = tokio::time::timeout(timeout, self.recv())
             .await
@@ -247,7 +247,7 @@ impl DraftStream {
         match first {
             Ok(Some(v1::DraftRequest {
                 kind: Some(Kind::Start(start)),
-            })) => SessionSpec::from_wire(start, self.shared.max_context),
+            })) => crate::validate::start(start, self.shared.max_context),
             Ok(Some(v1::DraftRequest {
                 kind: Some(Kind::Outcome(_)),
             })) => Err(SessionError::ExpectedStart { got: "`outcome`" }),

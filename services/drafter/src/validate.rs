@@ -1,5 +1,6 @@
 //! The edge: the verifier's `DraftStart` and `StepOutcome` messages become
-//! validated [`SessionSpec`] and [`Outcome`] values here, and nothing past
+//! validated [`StartSpec`] (converted by `specmesh_proto`, then held to
+//! this drafter's context limit) and [`Outcome`] values here, and nothing past
 //! this module reads a wire message.
 //!
 //! A message that breaks the protocol ends the stream with
@@ -7,163 +8,23 @@
 //! verifier that sends a bad path or a token outside the vocabulary has a
 //! bug, and drafting on top of a corrupted context would only hide it.
 
-use specmesh_draft::{CostCurve, PolicyError, TenantKey, TokenTree};
-use specmesh_proto::v1;
+use specmesh_draft::TokenTree;
+use specmesh_proto::field::check_tokens;
+use specmesh_proto::{StartSpec, v1};
 
 use crate::error::SessionError;
 
-/// The tenant of a start whose `tenant` is empty. A tenant that really is
-/// named "anonymous" shares its index; the gateway never issues that name.
-pub const ANONYMOUS_TENANT: &str = "anonymous";
-
-/// Longest `session_id` and `tenant`, in bytes: both go into logs and
-/// spans, and the tenant is a map key of the global index.
-const MAX_ID_BYTES: usize = 256;
-
-/// Drafted nodes per tree, at most, whatever the verifier asks: a bigger
-/// tree costs the verifier more than any acceptance pays back.
-pub const MAX_DRAFT_TOKENS: usize = 255;
-
-/// Tree depth, at most, whatever the verifier asks.
-pub const MAX_DEPTH: usize = 64;
-
-/// Most cost-curve points used: the policy reads the curve a dozen times a
-/// step, and a measured curve has about ten points.
-pub const MAX_CURVE_POINTS: usize = 64;
-
-/// A validated `DraftStart`.
-#[derive(Debug, Clone)]
-pub struct SessionSpec {
-    pub session_id: String,
-    pub epoch: u64,
-    pub tenant: TenantKey,
-    /// Prompt then committed output; never empty, every token below `vocab`.
-    pub tokens: Vec<u32>,
-    /// At most `tokens.len()`.
-    pub prompt_len: usize,
-    /// At least 1.
-    pub vocab: u32,
-    /// The verifier's node bound, clamped to [`MAX_DRAFT_TOKENS`]; 0 means
-    /// every tree is the root alone.
-    pub max_draft_tokens: usize,
-    /// The verifier's depth bound, clamped to [`MAX_DEPTH`].
-    pub max_depth: usize,
-    /// The verifier's cost curve, or [`CostCurve::cpu_default`].
-    pub curve: CostCurve,
-    /// Why `curve` is the default, when it is.
-    pub curve_fallback: Option<CurveFallback>,
-}
-
-/// Why a session runs on the default cost curve.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum CurveFallback {
-    #[error("the verifier sent no cost curve")]
-    Missing,
-    #[error("the verifier's cost curve has {0} points, over the limit of {MAX_CURVE_POINTS}")]
-    TooManyPoints(usize),
-    #[error("the verifier's cost curve is invalid: {0}")]
-    Invalid(#[from] PolicyError),
-}
-
-impl SessionSpec {
-    /// Validates `start`; contexts longer than `max_context` tokens are
-    /// refused.
-    pub fn from_wire(
-        start: v1::DraftStart,
-        max_context: usize,
-    ) -> Result<SessionSpec, SessionError> {
-        let v1::DraftStart {
-            session_id,
-            epoch,
-            tenant,
-            tokens,
-            prompt_len,
-            vocab_size,
-            max_draft_tokens,
-            max_depth,
-            cost_curve,
-        } = start;
-        for (field, value) in [("start.session_id", &session_id), ("start.tenant", &tenant)] {
-            if value.len() > MAX_ID_BYTES {
-                let reason = format!("is {} bytes, over the limit of {MAX_ID_BYTES}", value.len());
-                return Err(SessionError::invalid(field, reason));
-            }
-        }
-        if vocab_size == 0 {
-            return Err(SessionError::invalid(
-                "start.vocab_size",
-                "must be >= 1, got 0",
-            ));
-        }
-        if tokens.is_empty() {
-            return Err(SessionError::invalid(
-                "start.tokens",
-                "must not be empty: its last token is the first tree's root",
-            ));
-        }
-        if tokens.len() > max_context {
-            let reason = format!(
-                "has {} tokens, over the drafter's context limit of {max_context}",
-                tokens.len()
-            );
-            return Err(SessionError::invalid("start.tokens", reason));
-        }
-        check_tokens("start.tokens", &tokens, vocab_size)?;
-        let prompt_len = prompt_len as usize;
-        if prompt_len > tokens.len() {
-            let reason = format!(
-                "is {prompt_len}, more than the {} tokens sent",
-                tokens.len()
-            );
-            return Err(SessionError::invalid("start.prompt_len", reason));
-        }
-        let (curve, curve_fallback) = match curve_from_wire(&cost_curve) {
-            Ok(curve) => (curve, None),
-            Err(why) => (CostCurve::cpu_default(), Some(why)),
-        };
-        let tenant = if tenant.is_empty() {
-            TenantKey::new(ANONYMOUS_TENANT)
-        } else {
-            TenantKey::from(tenant)
-        };
-        Ok(SessionSpec {
-            session_id,
-            epoch,
-            tenant,
-            tokens,
-            prompt_len,
-            vocab: vocab_size,
-            max_draft_tokens: (max_draft_tokens as usize).min(MAX_DRAFT_TOKENS),
-            max_depth: (max_depth as usize).min(MAX_DEPTH),
-            curve,
-            curve_fallback,
-        })
+/// Validates `start`; contexts longer than `max_context` tokens are
+/// refused.
+pub fn start(start: v1::DraftStart, max_context: usize) -> Result<StartSpec, SessionError> {
+    if start.tokens.len() > max_context {
+        let reason = format!(
+            "has {} tokens, over the drafter's context limit of {max_context}",
+            start.tokens.len()
+        );
+        return Err(SessionError::invalid("start.tokens", reason));
     }
-}
-
-fn curve_from_wire(points: &[v1::CostPoint]) -> Result<CostCurve, CurveFallback> {
-    if points.is_empty() {
-        return Err(CurveFallback::Missing);
-    }
-    if points.len() > MAX_CURVE_POINTS {
-        return Err(CurveFallback::TooManyPoints(points.len()));
-    }
-    let points = points
-        .iter()
-        .map(|p| (p.tokens as usize, p.relative_cost))
-        .collect();
-    Ok(CostCurve::new(points)?)
-}
-
-/// Refuses the first token of `tokens` at or above `vocab`.
-fn check_tokens(field: &str, tokens: &[u32], vocab: u32) -> Result<(), SessionError> {
-    match tokens.iter().position(|&t| t >= vocab) {
-        Some(i) => Err(SessionError::invalid(
-            format!("{field}[{i}]"),
-            format!("is {}, outside the vocabulary of {vocab}", tokens[i]),
-        )),
-        None => Ok(()),
-    }
+    Ok(StartSpec::try_from(start)?)
 }
 
 /// A validated `StepOutcome`, checked against the tree it reports on.
@@ -353,12 +214,13 @@ fn top_k_from_wire(
 
 #[cfg(test)]
 mod tests {
-    use specmesh_draft::TreeLimits;
+    use specmesh_draft::{CostCurve, PolicyError, TreeLimits};
+    use specmesh_proto::{ANONYMOUS_TENANT, CurveFallback};
     use specmesh_tree::TreeBuilder;
 
     use super::*;
 
-    fn start() -> v1::DraftStart {
+    fn wire_start() -> v1::DraftStart {
         v1::DraftStart {
             session_id: "s".into(),
             tokens: vec![1, 2, 3],
@@ -370,13 +232,13 @@ mod tests {
         }
     }
 
-    fn err(r: Result<SessionSpec, SessionError>) -> String {
+    fn err(r: Result<StartSpec, SessionError>) -> String {
         r.unwrap_err().to_string()
     }
 
     #[test]
     fn a_good_start_becomes_a_spec_with_the_default_curve() {
-        let s = SessionSpec::from_wire(start(), 100).unwrap();
+        let s = start(wire_start(), 100).unwrap();
         assert_eq!(s.tenant.as_str(), ANONYMOUS_TENANT);
         assert_eq!(s.curve, CostCurve::cpu_default());
         assert_eq!(s.curve_fallback, Some(CurveFallback::Missing));
@@ -386,9 +248,9 @@ mod tests {
     #[test]
     fn bad_starts_name_the_field() {
         let bad = |f: fn(&mut v1::DraftStart)| {
-            let mut s = start();
+            let mut s = wire_start();
             f(&mut s);
-            err(SessionSpec::from_wire(s, 100))
+            err(start(s, 100))
         };
         assert!(bad(|s| s.tokens.clear()).starts_with("`start.tokens` must not be empty"));
         assert_eq!(
@@ -400,14 +262,17 @@ mod tests {
             "`start.tokens[1]` is 10, outside the vocabulary of 10"
         );
         assert!(bad(|s| s.prompt_len = 4).starts_with("`start.prompt_len` is 4"));
-        assert!(bad(|s| s.tenant = "t".repeat(300)).starts_with("`start.tenant` is 300 bytes"));
-        let long = SessionSpec::from_wire(start(), 2);
+        assert!(
+            bad(|s| s.tenant = "t".repeat(300))
+                .starts_with("`start.tenant` must be at most 128 bytes, got 300")
+        );
+        let long = start(wire_start(), 2);
         assert!(err(long).contains("over the drafter's context limit of 2"));
     }
 
     #[test]
     fn an_invalid_curve_falls_back_and_says_why() {
-        let mut s = start();
+        let mut s = wire_start();
         s.cost_curve = vec![
             v1::CostPoint {
                 tokens: 1,
@@ -418,7 +283,7 @@ mod tests {
                 relative_cost: 0.5,
             },
         ];
-        let s = SessionSpec::from_wire(s, 100).unwrap();
+        let s = start(s, 100).unwrap();
         assert_eq!(s.curve, CostCurve::cpu_default());
         assert!(matches!(
             s.curve_fallback,

@@ -1,5 +1,6 @@
-//! The gateway's flags (each with an environment fallback) and the validated
-//! [`Config`] the rest of the crate runs on.
+//! The gateway's flags, with `SPECMESH_GATEWAY_*` environment fallbacks
+//! (the service kit's rule: `--verifiers` reads `SPECMESH_GATEWAY_VERIFIERS`),
+//! and the validated [`Config`] the rest of the crate runs on.
 //!
 //! `Args` is what an operator types; `Config` is what the code may rely on:
 //! at least one verifier, every endpoint a plain `http://host:port` URI, no
@@ -10,7 +11,17 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use specmesh_server::{ServerArgs, Service};
 use tonic::transport::Uri;
+
+/// The gateway as its command line knows it. In a pod it listens on
+/// `0.0.0.0:50051`; port 0 picks a free port, printed on stdout as
+/// `specmesh-gateway listening on ADDR`.
+pub const SERVICE: Service = Service {
+    name: "gateway",
+    default_listen: "127.0.0.1:50051",
+    default_grace_secs: 30,
+};
 
 /// Upper bound of the time flags (a day): beyond it a deadline is a typo.
 const MAX_SECS: u64 = 86_400;
@@ -19,7 +30,7 @@ const MAX_SECS: u64 = 86_400;
 pub const DEFAULT_MAX_NEW_TOKENS: u32 = 256;
 
 /// Command-line flags of `specmesh-gateway`. Every flag can also be set
-/// through the environment variable named in its help.
+/// through the environment variable named in its help (see [`SERVICE`]).
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
     name = "specmesh-gateway",
@@ -27,95 +38,62 @@ pub const DEFAULT_MAX_NEW_TOKENS: u32 = 256;
     about = "The specmesh gateway: the public Generation API in front of the verifiers and drafters"
 )]
 pub struct Args {
-    /// Address to serve gRPC on (in a pod: 0.0.0.0:50051). Port 0 picks a
-    /// free port; the bound address is printed on stdout as
-    /// `specmesh-gateway listening on ADDR`.
-    #[arg(
-        long,
-        env = "SPECMESH_GATEWAY_LISTEN",
-        default_value = "127.0.0.1:50051"
-    )]
-    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub server: ServerArgs,
 
     /// Verifier endpoints, comma-separated (`http://host:port`). In
     /// Kubernetes: the verifier StatefulSet's pod DNS names.
-    #[arg(
-        long,
-        env = "SPECMESH_VERIFIERS",
-        value_delimiter = ',',
-        required = true
-    )]
+    #[arg(long, value_delimiter = ',', required = true)]
     pub verifiers: Vec<String>,
 
     /// Drafter endpoints, comma-separated. None: every request runs plain
     /// decoding.
-    #[arg(long, env = "SPECMESH_DRAFTERS", value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',')]
     pub drafters: Vec<String>,
 
     /// The model the verifiers serve: a catalog name (`specmesh model
     /// list`), a GGUF file or a Hugging Face directory; only its tokenizer
     /// and context length are read. Default: smollm2-135m, fetched by
     /// `specmesh model fetch`.
-    #[arg(long, env = "SPECMESH_MODEL")]
+    #[arg(long)]
     pub model: Option<PathBuf>,
 
     /// Lower the context the gateway admits (prompt + max_new_tokens) below
     /// the model's own, e.g. to match the verifiers' KV budget.
-    #[arg(long, env = "SPECMESH_GATEWAY_MAX_CONTEXT")]
+    #[arg(long)]
     pub max_context: Option<u32>,
 
     /// Largest `max_new_tokens` a request may ask for.
-    #[arg(long, env = "SPECMESH_GATEWAY_MAX_NEW_TOKENS", default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096)]
     pub max_new_tokens: u32,
 
     /// Largest `speculation.max_draft_tokens` a request may ask for, and the
     /// value used when it asks for 0.
-    #[arg(long, env = "SPECMESH_GATEWAY_MAX_DRAFT_TOKENS", default_value_t = 64)]
+    #[arg(long, default_value_t = 64)]
     pub max_draft_tokens: u32,
 
     /// Requests served at once; more are refused with RESOURCE_EXHAUSTED
     /// (there is no queue).
-    #[arg(
-        long,
-        env = "SPECMESH_GATEWAY_MAX_CONCURRENT_REQUESTS",
-        default_value_t = 64
-    )]
+    #[arg(long, default_value_t = 64)]
     pub max_concurrent_requests: usize,
 
     /// Deadline of a request that carries no `grpc-timeout` (a shorter client
     /// deadline wins), in seconds.
-    #[arg(
-        long,
-        env = "SPECMESH_GATEWAY_REQUEST_TIMEOUT_SECS",
-        default_value_t = 300
-    )]
+    #[arg(long, default_value_t = 300)]
     pub request_timeout_secs: u64,
 
     /// Largest gRPC message accepted or sent, in bytes.
-    #[arg(long, env = "SPECMESH_GATEWAY_MAX_MESSAGE_BYTES", default_value_t = 4 << 20)]
+    #[arg(long, default_value_t = 4 << 20)]
     pub max_message_bytes: usize,
 
     /// How many times one request may move to another verifier after losing
     /// its verifier mid-generation.
-    #[arg(long, env = "SPECMESH_GATEWAY_MAX_REPLACEMENTS", default_value_t = 2)]
+    #[arg(long, default_value_t = 2)]
     pub max_replacements: u32,
 
     /// Time allowed to open a connection to a verifier, in milliseconds.
-    #[arg(
-        long,
-        env = "SPECMESH_GATEWAY_CONNECT_TIMEOUT_MS",
-        default_value_t = 2000
-    )]
+    #[arg(long, default_value_t = 2000)]
     pub connect_timeout_ms: u64,
-
-    /// After SIGTERM/SIGINT, how long running requests may take to finish
-    /// before they are cut, in seconds.
-    #[arg(
-        long,
-        env = "SPECMESH_GATEWAY_SHUTDOWN_GRACE_SECS",
-        default_value_t = 30
-    )]
-    pub shutdown_grace_secs: u64,
 }
 
 /// A configuration the gateway can run with; build it with
@@ -198,7 +176,11 @@ impl TryFrom<Args> for Config {
         )?;
         at_least("request-timeout-secs", args.request_timeout_secs, 1)?;
         at_most("request-timeout-secs", args.request_timeout_secs, MAX_SECS)?;
-        at_most("shutdown-grace-secs", args.shutdown_grace_secs, MAX_SECS)?;
+        at_most(
+            "shutdown-grace-secs",
+            args.server.shutdown_grace_secs,
+            MAX_SECS,
+        )?;
         at_most(
             "connect-timeout-ms",
             args.connect_timeout_ms,
@@ -213,7 +195,7 @@ impl TryFrom<Args> for Config {
             .model
             .unwrap_or_else(|| PathBuf::from(specmesh_catalog::DEFAULT_MODEL));
         Ok(Config {
-            listen: args.listen,
+            listen: args.server.listen,
             verifiers,
             drafters,
             model,
@@ -225,7 +207,7 @@ impl TryFrom<Args> for Config {
             max_message_bytes: args.max_message_bytes,
             max_replacements: args.max_replacements,
             connect_timeout: Duration::from_millis(args.connect_timeout_ms),
-            shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
+            shutdown_grace: Duration::from_secs(args.server.shutdown_grace_secs),
         })
     }
 }
@@ -301,14 +283,16 @@ fn at_most(flag: &'static str, got: u64, max: u64) -> Result<(), ConfigError> {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
+
+    fn args(argv: &[&str]) -> Result<Args, clap::Error> {
+        specmesh_server::cli::try_parse_from(&SERVICE, argv)
+    }
 
     fn parse(extra: &[&str]) -> Result<Config, ConfigError> {
         let mut argv = vec!["specmesh-gateway", "--model", "/m.gguf"];
         argv.extend_from_slice(extra);
-        Config::try_from(Args::try_parse_from(argv).unwrap())
+        Config::try_from(args(&argv).unwrap())
     }
 
     #[test]
@@ -373,6 +357,6 @@ mod tests {
 
     #[test]
     fn a_missing_verifier_flag_is_a_usage_error() {
-        assert!(Args::try_parse_from(["specmesh-gateway"]).is_err());
+        assert!(args(&["specmesh-gateway"]).is_err());
     }
 }

@@ -29,7 +29,7 @@ mod validation;
 #[cfg(test)]
 mod testing;
 
-pub use config::{Args, Config, ConfigError, DEFAULT_MAX_NEW_TOKENS};
+pub use config::{Args, Config, ConfigError, DEFAULT_MAX_NEW_TOKENS, SERVICE};
 pub use error::GatewayError;
 pub use model::{ModelMeta, ModelMetaError};
 pub use server::{run, serve};

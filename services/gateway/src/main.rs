@@ -1,24 +1,24 @@
-//! `specmesh-gateway`: parse flags, start telemetry, serve until SIGTERM or
-//! SIGINT, then drain and exit 0.
+//! `specmesh-gateway`: parse flags (and their `SPECMESH_GATEWAY_*`
+//! variables), start telemetry, serve until SIGTERM or SIGINT. Exits 0
+//! after a graceful shutdown, 1 when it cannot start.
+
+#![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use specmesh_gateway::{Args, Config};
+use specmesh_gateway::{Args, Config, SERVICE};
+use specmesh_server::{cli, shutdown, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
-    let _telemetry = specmesh_server::telemetry::init("specmesh-gateway");
-    let result = match Config::try_from(args) {
-        Ok(config) => specmesh_gateway::run(config, specmesh_server::shutdown::signal()).await,
+    let args: Args = cli::parse(&SERVICE);
+    let telemetry = telemetry::init("specmesh-gateway");
+    let served = match Config::try_from(args) {
+        Ok(config) => specmesh_gateway::run(config, shutdown::signal()).await,
         Err(e) => Err(e.into()),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    let code = specmesh_server::exit_code(&SERVICE, served);
+    // Flushes the spans before exit.
+    drop(telemetry);
+    code
 }

@@ -1,5 +1,6 @@
-//! Serving: loads the model's metadata, binds, serves Generation with health
-//! and reflection, and shuts down gracefully.
+//! Serving: loads the model's metadata, then serves Generation through the
+//! service kit (`specmesh_server::serve`: health, reflection, keepalive,
+//! graceful drain).
 //!
 //! Shutdown: when the `shutdown` future resolves, health flips to
 //! NOT_SERVING (so load balancers stop sending), the listener stops
@@ -7,14 +8,12 @@
 //! whatever still runs then is cut. Either way the gateway returns `Ok`.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use specmesh_proto::v1::generation_server::GenerationServer;
+use specmesh_proto::v1::generation_server::{GenerationServer, SERVICE_NAME};
+use specmesh_server::{Drain, ServeConfig};
 use tokio::net::TcpListener;
-use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 use tracing::{info, warn};
 
 use crate::config::Config;
@@ -28,9 +27,7 @@ const CLIENT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Binds `config.listen` and serves until `shutdown` resolves (then drains).
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding {}", config.listen))?;
+    let listener = specmesh_server::bind(config.listen).await?;
     serve(listener, config, shutdown).await
 }
 
@@ -44,7 +41,6 @@ pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let addr = listener.local_addr().context("reading the bound address")?;
     info!(?config, "effective config");
     // A catalog name becomes its cached file here: parsing flags touches no file.
     let path = specmesh_catalog::resolve(Some(&config.model)).context("`--model`")?;
@@ -61,64 +57,24 @@ pub async fn serve(
         drafters = config.drafters.len(),
         "model metadata loaded"
     );
-    let (reporter, health) = specmesh_server::health::<GenerationServer<GenerationService>>().await;
-    let (reflection_v1, reflection_v1alpha) = specmesh_server::reflection()?;
     let generation = GenerationServer::new(service.clone())
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
-    let incoming = TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(CLIENT_KEEPALIVE_INTERVAL));
-
-    // Resolves with the shutdown signal; flips health first.
-    let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
-    let signal = async move {
-        shutdown.await;
-        reporter
-            .set_not_serving::<GenerationServer<GenerationService>>()
-            .await;
-        reporter
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
-        info!("shutting down: no new connections, draining running requests");
-        let _ = draining_tx.send(());
-    };
-    let server = Server::builder()
-        .http2_keepalive_interval(Some(CLIENT_KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(CLIENT_KEEPALIVE_TIMEOUT))
-        .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(generation)
-        .serve_with_incoming_shutdown(incoming, signal);
-
-    announce(addr);
-    let grace = config.shutdown_grace;
-    let grace_over = async move {
-        if draining_rx.await.is_ok() {
-            tokio::time::sleep(grace).await;
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        result = server => result.context("serving gRPC")?,
-        () = grace_over => warn!(
-            still_running = service.in_flight(),
-            grace_seconds = grace.as_secs_f64(),
-            "grace period over; cutting the requests still running"
-        ),
-    }
-    info!("stopped");
-    Ok(())
+    let mut serve = ServeConfig::new("specmesh-gateway", SERVICE_NAME, config.shutdown_grace);
+    serve.keepalive_interval = CLIENT_KEEPALIVE_INTERVAL;
+    serve.keepalive_timeout = CLIENT_KEEPALIVE_TIMEOUT;
+    // Requests still running after the grace period are cut when `serve`
+    // returns; there is nothing to close first.
+    serve.close_timeout = Duration::ZERO;
+    let routes = tonic::service::Routes::new(generation);
+    specmesh_server::serve(listener, routes, serve, &Requests(service), shutdown).await
 }
 
-/// Tells a launcher where the gateway listens (stdout) and the logs too.
-fn announce(addr: SocketAddr) {
-    use std::io::Write;
-    info!(%addr, "listening");
-    let mut out = std::io::stdout().lock();
-    // A closed stdout must not stop the server.
-    let _ = writeln!(out, "specmesh-gateway listening on {addr}");
-    let _ = out.flush();
+/// The running requests, as the drain sees them.
+struct Requests(GenerationService);
+
+impl Drain for Requests {
+    fn in_flight(&self) -> usize {
+        self.0.in_flight()
+    }
 }

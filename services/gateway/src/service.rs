@@ -19,7 +19,6 @@ use specmesh_proto::v1::{
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{MetadataMap, MetadataValue};
-use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span, error, field, info, info_span};
 
@@ -39,11 +38,6 @@ const STREAM_BUFFER: usize = 16;
 /// Response metadata naming the request in the gateway's logs.
 const REQUEST_ID_HEADER: &str = "x-request-id";
 
-/// HTTP/2 keepalive towards verifiers: a silently dead pod is noticed
-/// within interval + timeout, and its sessions move elsewhere.
-const VERIFIER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const VERIFIER_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// The Generation service; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct GenerationService {
@@ -60,22 +54,19 @@ struct Shared {
 }
 
 impl GenerationService {
-    /// Builds the service: verifier channels connect lazily, so a verifier
-    /// that is down at start only fails the requests placed on it.
+    /// Builds the service: verifier channels connect lazily (the service
+    /// kit's client channel, with HTTP/2 pings that notice a silently dead
+    /// pod), so a verifier that is down at start only fails the requests
+    /// placed on it, and a lost one's sessions move elsewhere.
     pub fn new(config: &Config, model: ModelMeta) -> Result<Self, ConfigError> {
         let mut verifiers = Vec::with_capacity(config.verifiers.len());
         for endpoint in &config.verifiers {
-            let channel = Endpoint::from_shared(endpoint.clone())
+            let channel = specmesh_server::client::channel(endpoint, config.connect_timeout)
                 .map_err(|e| ConfigError::BadEndpoint {
                     flag: "verifiers",
-                    endpoint: endpoint.clone(),
-                    reason: e.to_string(),
-                })?
-                .connect_timeout(config.connect_timeout)
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(VERIFIER_KEEPALIVE_INTERVAL)
-                .keep_alive_timeout(VERIFIER_KEEPALIVE_TIMEOUT)
-                .connect_lazy();
+                    endpoint: e.endpoint,
+                    reason: e.reason,
+                })?;
             verifiers.push(
                 VerifierClient::new(channel)
                     .max_decoding_message_size(config.max_message_bytes)

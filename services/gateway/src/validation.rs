@@ -9,15 +9,16 @@
 //! blocking pool, and the context checks need its result.
 
 use specmesh_proto::v1::{self, SpeculationMode, generate_request::Input};
-use specmesh_sampling::{SamplingError, SamplingParams};
+use specmesh_sampling::SamplingParams;
 use specmesh_tokenizer::{ChatMessage, Tokenizer, TokenizerError};
 
 /// Most stop strings a request may carry.
 pub const MAX_STOP_STRINGS: usize = 8;
 /// Longest stop string, in bytes.
 pub const MAX_STOP_BYTES: usize = 256;
-/// Longest `session_id` / `tenant`, in bytes.
-pub const MAX_ID_BYTES: usize = 128;
+/// Longest `session_id` / `tenant`, in bytes: the protocol's bound on
+/// every hop.
+pub use specmesh_proto::limits::MAX_ID_BYTES;
 /// Chat roles the templates of the supported models understand.
 const ROLES: [&str; 3] = ["system", "user", "assistant"];
 
@@ -103,12 +104,9 @@ pub enum ValidationError {
     },
     #[error("`max_new_tokens` must be at most {max}, got {got}")]
     MaxNewTokens { max: u32, got: u32 },
-    #[error("`sampling.temperature` must be a finite number >= 0, got {0}")]
-    Temperature(f32),
-    #[error("`sampling.top_p` must be in (0, 1], got {0}")]
-    TopP(f32),
-    #[error("`sampling.top_k` must be at most the vocabulary size ({vocab_size}), got {got}")]
-    TopK { vocab_size: usize, got: u32 },
+    /// A field the wire conversion refused (`sampling.*`).
+    #[error(transparent)]
+    Field(#[from] specmesh_proto::FieldError),
     #[error("`speculation.mode` must be 0 (unspecified), 1 (off) or 2 (model-free), got {0}")]
     SpeculationMode(i32),
     #[error("`speculation.max_draft_tokens` must be at most {max}, got {got}")]
@@ -204,21 +202,9 @@ impl Validator {
     }
 
     fn sampling(&self, wire: v1::SamplingParams) -> Result<SamplingParams, ValidationError> {
-        let vocab_size = self.tokenizer.vocab_size();
-        if usize::try_from(wire.top_k).is_ok_and(|k| k > vocab_size) {
-            return Err(ValidationError::TopK {
-                vocab_size,
-                got: wire.top_k,
-            });
-        }
-        // proto3 cannot tell an unset top_p from 0; both mean "keep all".
-        let top_p = if wire.top_p == 0.0 { 1.0 } else { wire.top_p };
-        SamplingParams::new(wire.temperature, top_p, wire.top_k as usize, wire.seed).map_err(|e| {
-            match e {
-                SamplingError::Temperature(t) => ValidationError::Temperature(t),
-                SamplingError::TopP(p) => ValidationError::TopP(p),
-            }
-        })
+        let params = SamplingParams::try_from(wire)?;
+        specmesh_proto::check_top_k(&params, self.tokenizer.vocab_size())?;
+        Ok(params)
     }
 
     fn speculation(

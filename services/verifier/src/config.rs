@@ -1,10 +1,21 @@
-//! Flags (with `SPECMESH_*` environment fallbacks) and the validated config.
+//! Flags, with `SPECMESH_VERIFIER_*` environment fallbacks (the service
+//! kit's rule: `--max-sessions` reads `SPECMESH_VERIFIER_MAX_SESSIONS`), and
+//! the validated config.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use specmesh_server::cli::{FlagError, in_range};
+use specmesh_server::{ServerArgs, Service};
+
+/// The verifier as its command line knows it.
+pub const SERVICE: Service = Service {
+    name: "verifier",
+    default_listen: "127.0.0.1:50052",
+    default_grace_secs: 30,
+};
 
 #[derive(clap::Parser, Debug, Clone)]
 #[command(
@@ -13,61 +24,49 @@ use anyhow::{Context, bail};
     about = "specmesh verifier: the target model and its sessions' KV caches"
 )]
 pub struct Args {
-    /// Address to serve gRPC on (port 0: any free port).
-    #[arg(
-        long,
-        env = "SPECMESH_VERIFIER_LISTEN",
-        default_value = "127.0.0.1:50052"
-    )]
-    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// The target model: a catalog name (`specmesh model list`), a GGUF
     /// file or a Hugging Face model directory.
-    #[arg(long, env = "SPECMESH_MODEL")]
+    #[arg(long)]
     pub model: PathBuf,
     /// Compute threads for the model (default: all cores).
-    #[arg(long, env = "SPECMESH_THREADS")]
+    #[arg(long)]
     pub threads: Option<usize>,
     /// Memory for KV caches, running and kept sessions together (MiB).
-    #[arg(long, env = "SPECMESH_KV_BUDGET_MIB", default_value_t = 2048)]
+    #[arg(long, default_value_t = 2048)]
     pub kv_budget_mib: u64,
     /// Sessions verified in one batched forward, at most.
-    #[arg(long, env = "SPECMESH_MAX_BATCH", default_value_t = 16)]
+    #[arg(long, default_value_t = 16)]
     pub max_batch: usize,
     /// How long a batch waits for the trees of other running sessions (µs).
-    #[arg(long, env = "SPECMESH_BATCH_WINDOW_US", default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000)]
     pub batch_window_us: u64,
     /// Drafted nodes per tree, at most (the root not counted).
-    #[arg(long, env = "SPECMESH_MAX_DRAFT_TOKENS", default_value_t = 64)]
+    #[arg(long, default_value_t = 64)]
     pub max_draft_tokens: usize,
     /// Tree depth, at most.
-    #[arg(long, env = "SPECMESH_MAX_TREE_DEPTH", default_value_t = 16)]
+    #[arg(long, default_value_t = 16)]
     pub max_tree_depth: usize,
     /// How long a step waits for its tree before verifying the root alone (ms).
-    #[arg(long, env = "SPECMESH_DRAFT_TIMEOUT_MS", default_value_t = 200)]
+    #[arg(long, default_value_t = 200)]
     pub draft_timeout_ms: u64,
     /// How long to wait for a drafter to connect (ms).
-    #[arg(
-        long,
-        env = "SPECMESH_DRAFTER_CONNECT_TIMEOUT_MS",
-        default_value_t = 1000
-    )]
+    #[arg(long, default_value_t = 1000)]
     pub drafter_connect_timeout_ms: u64,
     /// The cost curve as `k:relative,...` (e.g. `1:1,4:1.85,16:5.02`);
     /// default: measured at startup on this machine.
-    #[arg(long, env = "SPECMESH_COST_CURVE")]
+    #[arg(long)]
     pub cost_curve: Option<String>,
     /// Target top-k sent to drafters per accepted node (token recycling).
-    #[arg(long, env = "SPECMESH_RECYCLE_TOP_K", default_value_t = 8)]
-    pub top_k: usize,
+    #[arg(long, default_value_t = 8)]
+    pub recycle_top_k: usize,
     /// Sessions whose KV is kept for a next turn, at most.
-    #[arg(long, env = "SPECMESH_MAX_CACHED_SESSIONS", default_value_t = 256)]
+    #[arg(long, default_value_t = 256)]
     pub max_cached_sessions: usize,
     /// Sessions running at once, at most (over it: RESOURCE_EXHAUSTED).
-    #[arg(long, env = "SPECMESH_MAX_SESSIONS", default_value_t = 256)]
+    #[arg(long, default_value_t = 256)]
     pub max_sessions: usize,
-    /// Seconds in-flight sessions get to finish on shutdown.
-    #[arg(long, env = "SPECMESH_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
-    pub shutdown_grace_secs: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -83,42 +82,43 @@ pub struct Config {
     pub draft_timeout: Duration,
     pub drafter_connect_timeout: Duration,
     pub cost_curve: Option<Vec<(usize, f64)>>,
-    pub top_k: usize,
+    pub recycle_top_k: usize,
     pub max_cached_sessions: usize,
     pub max_sessions: usize,
     pub shutdown_grace: Duration,
 }
 
-impl TryFrom<Args> for Config {
-    type Error = anyhow::Error;
+/// A flag combination that cannot run; messages name the flag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Range(#[from] FlagError),
+    #[error("`--cost-curve`: {0}")]
+    CostCurve(String),
+}
 
-    fn try_from(a: Args) -> anyhow::Result<Config> {
-        if a.kv_budget_mib == 0 {
-            bail!("`--kv-budget-mib` must be >= 1");
-        }
-        if a.max_batch == 0 {
-            bail!("`--max-batch` must be >= 1");
-        }
-        if a.max_draft_tokens > 1024 {
-            bail!(
-                "`--max-draft-tokens` must be <= 1024, got {}",
-                a.max_draft_tokens
-            );
-        }
-        if a.max_sessions == 0 {
-            bail!("`--max-sessions` must be >= 1");
-        }
-        if a.top_k > 64 {
-            bail!("`--recycle-top-k` must be <= 64, got {}", a.top_k);
-        }
+impl TryFrom<Args> for Config {
+    type Error = ConfigError;
+
+    fn try_from(a: Args) -> Result<Config, ConfigError> {
+        in_range("kv-budget-mib", a.kv_budget_mib as usize, 1, usize::MAX)?;
+        in_range("max-batch", a.max_batch, 1, usize::MAX)?;
+        in_range("max-draft-tokens", a.max_draft_tokens, 0, 1024)?;
+        in_range(
+            "max-sessions",
+            a.max_sessions,
+            1,
+            tokio::sync::Semaphore::MAX_PERMITS,
+        )?;
+        in_range("recycle-top-k", a.recycle_top_k, 0, 64)?;
         let cost_curve = a
             .cost_curve
             .as_deref()
             .map(parse_curve)
             .transpose()
-            .context("`--cost-curve`")?;
+            .map_err(|e| ConfigError::CostCurve(format!("{e:#}")))?;
         Ok(Config {
-            listen: a.listen,
+            listen: a.server.listen,
             model: a.model,
             threads: a.threads,
             kv_budget_bytes: a.kv_budget_mib << 20,
@@ -129,10 +129,10 @@ impl TryFrom<Args> for Config {
             draft_timeout: Duration::from_millis(a.draft_timeout_ms),
             drafter_connect_timeout: Duration::from_millis(a.drafter_connect_timeout_ms),
             cost_curve,
-            top_k: a.top_k,
+            recycle_top_k: a.recycle_top_k,
             max_cached_sessions: a.max_cached_sessions,
             max_sessions: a.max_sessions,
-            shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
+            shutdown_grace: Duration::from_secs(a.server.shutdown_grace_secs),
         })
     }
 }
@@ -172,6 +172,40 @@ pub fn parse_curve(s: &str) -> anyhow::Result<Vec<(usize, f64)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(extra: &[&str]) -> Result<Config, ConfigError> {
+        let argv = ["specmesh-verifier", "--model", "m.gguf"]
+            .into_iter()
+            .chain(extra.iter().copied());
+        Config::try_from(
+            specmesh_server::cli::try_parse_from::<Args, _, _>(&SERVICE, argv).unwrap(),
+        )
+    }
+
+    #[test]
+    fn flags_read_the_verifiers_variables_and_bad_values_name_the_flag() {
+        let cmd = specmesh_server::cli::command::<Args>(&SERVICE);
+        let env = |id: &str| {
+            let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+            arg.get_env().unwrap().to_string_lossy().into_owned()
+        };
+        assert_eq!(env("max_sessions"), "SPECMESH_VERIFIER_MAX_SESSIONS");
+        assert_eq!(env("recycle_top_k"), "SPECMESH_VERIFIER_RECYCLE_TOP_K");
+        assert_eq!(env("listen"), "SPECMESH_VERIFIER_LISTEN");
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.listen.to_string(), SERVICE.default_listen);
+        assert_eq!((c.max_sessions, c.recycle_top_k), (256, 8));
+        let err = |extra: &[&str]| parse(extra).unwrap_err().to_string();
+        assert_eq!(
+            err(&["--max-sessions", "0"]),
+            "`--max-sessions` must be >= 1, got 0"
+        );
+        assert_eq!(
+            err(&["--recycle-top-k", "65"]),
+            "`--recycle-top-k` must be <= 64, got 65"
+        );
+        assert!(err(&["--cost-curve", "2:1"]).starts_with("`--cost-curve`: the curve must start"));
+    }
 
     #[test]
     fn curves_parse_and_bad_ones_say_why() {

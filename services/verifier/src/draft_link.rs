@@ -7,11 +7,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use specmesh_proto::v1;
 use specmesh_proto::v1::drafter_client::DrafterClient;
+use specmesh_proto::{last_step, v1};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+
+use crate::step::Answer;
+
+/// Largest tree a drafter may send: the proto bounds a tree to a few
+/// hundred nodes with draft distributions, far below this.
+const MAX_TREE_BYTES: usize = 4 << 20;
 
 /// One lazily connected channel per drafter endpoint, shared by sessions
 /// (HTTP/2 multiplexes their streams).
@@ -26,12 +32,8 @@ impl DrafterChannels {
         if let Some(c) = map.get(endpoint) {
             return Ok(c.clone());
         }
-        let channel = Endpoint::from_shared(endpoint.to_string())
-            .map_err(|e| format!("drafter endpoint `{endpoint}`: {e}"))?
-            .connect_timeout(connect_timeout)
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .connect_lazy();
+        let channel = specmesh_server::client::channel(endpoint, connect_timeout)
+            .map_err(|e| e.to_string())?;
         map.insert(endpoint.to_string(), channel.clone());
         Ok(channel)
     }
@@ -67,7 +69,7 @@ impl DraftLink {
         .map_err(|_| LinkLost("closed before start".into()))?;
         let mut request = tonic::Request::new(ReceiverStream::new(rx));
         specmesh_server::telemetry::inject(&mut request);
-        let mut client = DrafterClient::new(channel);
+        let mut client = DrafterClient::new(channel).max_decoding_message_size(MAX_TREE_BYTES);
         let open = client.draft(request);
         let response = tokio::time::timeout(connect_timeout, open)
             .await
@@ -87,32 +89,27 @@ impl DraftLink {
     /// The tree for (`epoch`, `step`), waiting at most `wait`: one for that
     /// step, or a span that started earlier and covers it. Trees of other
     /// epochs or for earlier steps only are late or duplicated: dropped.
-    /// `Ok(None)`: no tree in time (verify the root alone).
-    pub async fn tree_for(
-        &mut self,
-        epoch: u64,
-        step: u64,
-        wait: Duration,
-    ) -> Result<Option<v1::TokenTree>, LinkLost> {
+    /// [`Answer::Late`]: no tree in time (verify the root alone).
+    pub async fn tree_for(&mut self, epoch: u64, step: u64, wait: Duration) -> Answer {
         if let Some(t) = self.early.take() {
             if t.step > step {
                 self.early = Some(t);
-                return Ok(None);
+                return Answer::Late;
             }
-            if last_step(&t) >= step {
-                return Ok(Some(t));
+            if covered_through(&t) >= step {
+                return Answer::Tree(t);
             }
         }
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let next = tokio::time::timeout_at(deadline, self.rx.message()).await;
             let tree = match next {
-                Err(_) => return Ok(None),
-                Ok(Err(s)) => return Err(LinkLost(format!("{}: {}", s.code(), s.message()))),
-                Ok(Ok(None)) => return Err(LinkLost("the drafter closed the stream".into())),
+                Err(_) => return Answer::Late,
+                Ok(Err(s)) => return Answer::Lost(format!("{}: {}", s.code(), s.message())),
+                Ok(Ok(None)) => return Answer::Lost("the drafter closed the stream".into()),
                 Ok(Ok(Some(t))) => t,
             };
-            if tree.epoch != epoch || last_step(&tree) < step {
+            if tree.epoch != epoch || covered_through(&tree) < step {
                 tracing::debug!(
                     tree_epoch = tree.epoch,
                     tree_step = tree.step,
@@ -123,9 +120,9 @@ impl DraftLink {
             }
             if tree.step > step {
                 self.early = Some(tree);
-                return Ok(None);
+                return Answer::Late;
             }
-            return Ok(Some(tree));
+            return Answer::Tree(tree);
         }
     }
 
@@ -143,9 +140,9 @@ impl DraftLink {
 /// The last step `tree` stands for: the end of its span for a tree with no
 /// nodes, else its own step (a span on such a tree is refused later, when
 /// the tree is validated).
-fn last_step(tree: &v1::TokenTree) -> u64 {
+fn covered_through(tree: &v1::TokenTree) -> u64 {
     if tree.nodes.is_empty() {
-        tree.step.saturating_add(u64::from(tree.span.max(1)) - 1)
+        last_step(tree.step, tree.span)
     } else {
         tree.step
     }
@@ -161,18 +158,18 @@ mod tests {
             step: 5,
             ..Default::default()
         };
-        assert_eq!(last_step(&tree), 5);
+        assert_eq!(covered_through(&tree), 5);
         tree.span = 1;
-        assert_eq!(last_step(&tree), 5);
+        assert_eq!(covered_through(&tree), 5);
         tree.span = 4;
-        assert_eq!(last_step(&tree), 8);
+        assert_eq!(covered_through(&tree), 8);
         tree.nodes.push(v1::TreeNode::default());
-        assert_eq!(last_step(&tree), 5);
+        assert_eq!(covered_through(&tree), 5);
         let far = v1::TokenTree {
             step: u64::MAX - 1,
             span: 9,
             ..Default::default()
         };
-        assert_eq!(last_step(&far), u64::MAX);
+        assert_eq!(covered_through(&far), u64::MAX);
     }
 }

@@ -9,33 +9,44 @@
 //!          ◀─commits─         ◀──── trees ─────
 //! ```
 
+#![forbid(unsafe_code)]
+
+mod batcher;
 pub mod calibrate;
 pub mod config;
 mod draft_link;
-mod engine;
+mod error;
 mod memory;
 mod report;
 mod service;
 mod session;
+mod state;
+mod step;
+mod validate;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
-use specmesh_model::{LoadOptions, Model, ModelFormat};
-use specmesh_proto::v1::verifier_server::VerifierServer;
+use specmesh_model::{LoadOptions, Model};
+use specmesh_proto::v1::verifier_server::{SERVICE_NAME, VerifierServer};
+use specmesh_server::{Drain, ServeConfig};
 use specmesh_tokenizer::Tokenizer;
-use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio::sync::Semaphore;
 
-pub use config::{Args, Config};
+pub use config::{Args, Config, ConfigError, SERVICE};
+pub use error::VerifierError;
 
+use crate::batcher::{Batcher, BatcherConfig};
 use crate::draft_link::DrafterChannels;
-use crate::engine::{Engine, EngineConfig};
 use crate::memory::KvMemory;
-use crate::service::{Inner, VerifierService};
+use crate::service::VerifierService;
+use crate::state::State;
+
+/// Largest `RunRequest` beyond its context tokens (ids, sampling, plan).
+const MESSAGE_OVERHEAD: usize = 64 << 10;
 
 /// Loads the model, measures its cost curve, binds `config.listen` and
 /// serves until `shutdown` resolves (then lets running sessions finish for
@@ -70,74 +81,47 @@ pub async fn run(
             curve
         }
     };
-    let engine = Engine::start(
+    let batcher = Batcher::start(
         Arc::clone(&model),
-        EngineConfig {
+        BatcherConfig {
             max_batch: config.max_batch,
             window: config.batch_window,
         },
     );
-    let inner = Arc::new(Inner {
+    let max_context = model.config().max_context;
+    let state = Arc::new(State {
         vocab: model.config().vocab_size as u32,
         memory: KvMemory::new(config.kv_budget_bytes, config.max_cached_sessions),
         channels: DrafterChannels::default(),
         eos,
         cost_curve,
-        running: Default::default(),
-        decoding: Arc::clone(&engine.counters().decoding),
-        engine,
+        slots: Arc::new(Semaphore::new(config.max_sessions)),
+        decoding: Arc::clone(&batcher.counters().decoding),
+        batcher,
         model,
         config: config.clone(),
     });
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding {}", config.listen))?;
-    let addr = listener.local_addr()?;
-    serve(inner, listener, addr, shutdown).await
+    let listener = specmesh_server::bind(config.listen).await?;
+    let limit = specmesh_server::message_bytes(max_context, MESSAGE_OVERHEAD);
+    let service = VerifierServer::new(VerifierService::new(Arc::clone(&state)))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    let mut serve = ServeConfig::new("specmesh-verifier", SERVICE_NAME, config.shutdown_grace);
+    // Sessions still running after the grace period are cut when `serve`
+    // returns; there is nothing to close first.
+    serve.close_timeout = Duration::ZERO;
+    let routes = tonic::service::Routes::new(service);
+    let drain = Sessions(Arc::clone(&state));
+    specmesh_server::serve(listener, routes, serve, &drain, shutdown).await
 }
 
-async fn serve(
-    inner: Arc<Inner>,
-    listener: TcpListener,
-    addr: SocketAddr,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let grace = inner.config.shutdown_grace;
-    let (health_reporter, health) =
-        specmesh_server::health::<VerifierServer<VerifierService>>().await;
-    let (reflection_v1, reflection_v1alpha) = specmesh_server::reflection()?;
-    let service = VerifierServer::new(VerifierService::new(inner))
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-            shutdown.await;
-            health_reporter
-                .set_not_serving::<VerifierServer<VerifierService>>()
-                .await;
-            let _ = stop_tx.send(());
-        });
-    println!("specmesh-verifier listening on {addr}");
-    tracing::info!(%addr, "serving");
-    let grace_over = async move {
-        if stop_rx.await.is_ok() {
-            tokio::time::sleep(grace).await;
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        r = server => r?,
-        () = grace_over => tracing::warn!(?grace, "shutdown grace period over: ending the remaining sessions"),
+/// The running sessions, as the drain sees them.
+struct Sessions(Arc<State>);
+
+impl Drain for Sessions {
+    fn in_flight(&self) -> usize {
+        self.0.running()
     }
-    tracing::info!("stopped");
-    Ok(())
 }
 
 fn load(path: &Path, threads: Option<usize>) -> anyhow::Result<(Model, Vec<u32>)> {
@@ -147,10 +131,7 @@ fn load(path: &Path, threads: Option<usize>) -> anyhow::Result<(Model, Vec<u32>)
     };
     let model = Model::load(path, &opts)
         .with_context(|| format!("loading the model {}", path.display()))?;
-    let tokenizer = match ModelFormat::detect(path)? {
-        ModelFormat::Gguf => Tokenizer::from_gguf_path(path),
-        ModelFormat::Safetensors => Tokenizer::from_hf_dir(path),
-    }
-    .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
+    let tokenizer = Tokenizer::from_model_path(path)
+        .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
     Ok((model, tokenizer.eos_token_ids().to_vec()))
 }

@@ -1,10 +1,24 @@
-//! `specmesh-verifier`: see the crate docs.
+//! `specmesh-verifier`: parse flags (and their `SPECMESH_VERIFIER_*`
+//! variables), start telemetry, serve until SIGTERM or SIGINT. Exits 0
+//! after a graceful shutdown, 1 when it cannot start.
 
-use clap::Parser;
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use specmesh_server::{cli, shutdown, telemetry};
+use specmesh_verifier::{Args, Config, SERVICE};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let _telemetry = specmesh_server::telemetry::init("specmesh-verifier");
-    let config = specmesh_verifier::Config::try_from(specmesh_verifier::Args::parse())?;
-    specmesh_verifier::run(config, specmesh_server::shutdown::signal()).await
+async fn main() -> ExitCode {
+    let args: Args = cli::parse(&SERVICE);
+    let telemetry = telemetry::init("specmesh-verifier");
+    let served = match Config::try_from(args) {
+        Ok(config) => specmesh_verifier::run(config, shutdown::signal()).await,
+        Err(e) => Err(e.into()),
+    };
+    let code = specmesh_server::exit_code(&SERVICE, served);
+    // Flushes the spans before exit.
+    drop(telemetry);
+    code
 }

@@ -1,72 +1,33 @@
-//! One session's life on the verifier: prefill, then draft → verify →
-//! commit steps, each step's tokens streamed to the gateway and its outcome
-//! to the drafter, until a stop rule, the caller's cancel, or an error.
-//!
-//! A tree with no nodes may stand for a run of steps (its `span`): the
-//! session verifies the root alone at each without waiting for the drafter
-//! or telling it anything, and reports the whole run in one outcome after
-//! its last step. The gateway sees every step as usual.
+//! One session's life on the verifier, the I/O shell around the step core
+//! ([`crate::step`]): prefill, then for each step ask the drafter, verify
+//! in the batcher, stream the tokens to the gateway and the outcome to the
+//! drafter, until a stop rule, the caller's cancel, or an error.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
-use specmesh_engine::{Finish, Session, SessionLimits};
-use specmesh_proto::{tree_from_wire, tree_span, v1};
-use specmesh_sampling::SamplingParams;
-use specmesh_tree::{TokenTree, TreeLimits, merge};
-use tokio::sync::mpsc;
+use specmesh_engine::{Session, SessionLimits};
+use specmesh_proto::v1;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tonic::Status;
 use tracing::Instrument;
 
 use crate::draft_link::DraftLink;
+use crate::error::VerifierError;
 use crate::memory::Reservation;
-use crate::report::Report;
-use crate::service::Inner;
-
-/// A validated `RunRequest`.
-#[derive(Debug, Clone)]
-pub struct ValidRun {
-    pub session_id: String,
-    pub epoch: u64,
-    pub tokens: Vec<u32>,
-    pub prompt_len: usize,
-    pub max_new_tokens: usize,
-    pub params: SamplingParams,
-    pub draft: Option<DraftPlan>,
-    pub cache_key: Option<String>,
-}
-
-#[derive(Debug, Clone)]
-pub struct DraftPlan {
-    pub endpoint: String,
-    pub max_draft_tokens: usize,
-    pub tenant: String,
-}
+use crate::state::{Gauge, State};
+use crate::step::{Steps, TreeBounds};
+use crate::validate::ValidRun;
 
 pub type Events = mpsc::Sender<Result<v1::SessionEvent, Status>>;
 
-/// Counts a value up while it lives (running or decoding sessions).
-pub struct Gauge(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Gauge {
-    pub fn up(counter: &Arc<std::sync::atomic::AtomicUsize>) -> Gauge {
-        counter.fetch_add(1, Ordering::Relaxed);
-        Gauge(Arc::clone(counter))
-    }
-}
-
-impl Drop for Gauge {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
+/// Runs an admitted session to its end: holds its slot and KV reservation
+/// until then, and keeps its cache under its `cache_key` if it finished.
 pub async fn drive(
-    v: Arc<Inner>,
+    v: Arc<State>,
     run: ValidRun,
     events: Events,
     reservation: Reservation,
-    running: Gauge,
+    slot: OwnedSemaphorePermit,
 ) {
     let span = tracing::info_span!(
         "verifier_session",
@@ -78,11 +39,11 @@ pub async fn drive(
     );
     async move {
         let kept = match drive_inner(&v, &run, &events).await {
-            Ok(session) => session,
-            Err(status) => {
-                if !status.message().is_empty() {
-                    let _ = events.send(Err(status)).await;
-                }
+            Ok(session) => Some(session),
+            Err(VerifierError::CallerGone) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "session failed");
+                let _ = events.send(Err(e.into())).await;
                 None
             }
         };
@@ -93,19 +54,18 @@ pub async fn drive(
             let (seq, tokens) = session.into_cache();
             v.memory.keep(key, seq, tokens);
         }
-        drop(running);
+        drop(slot);
     }
     .instrument(span)
     .await;
 }
 
 /// Runs the session; returns it (for keeping its cache) unless it failed.
-/// An empty status message means the caller is gone: nothing to send.
 async fn drive_inner(
-    v: &Inner,
+    v: &State,
     run: &ValidRun,
     events: &Events,
-) -> Result<Option<Box<Session>>, Status> {
+) -> Result<Box<Session>, VerifierError> {
     let (cached_seq, cached_tokens) = match run.cache_key.as_deref().and_then(|k| v.memory.take(k))
     {
         Some((seq, tokens)) => (Some(seq), tokens),
@@ -124,50 +84,24 @@ async fn drive_inner(
             limits,
             cached_seq.map(|seq| (seq, cached_tokens.as_slice())),
         )
-        .map_err(|e| Status::invalid_argument(e.to_string()))?,
+        .map_err(|e| VerifierError::invalid("tokens", e.to_string()))?,
     );
     session.reserve_kv(v.kv_tokens(run));
 
-    let max_draft = run
-        .draft
-        .as_ref()
-        .map_or(0, |d| d.max_draft_tokens.min(v.config.max_draft_tokens));
-    let open_link = async {
-        let plan = run.draft.as_ref().filter(|_| max_draft > 0)?;
-        let start = v1::DraftStart {
-            session_id: run.session_id.clone(),
-            epoch: run.epoch,
-            tenant: plan.tenant.clone(),
-            tokens: run.tokens.clone(),
-            prompt_len: run.prompt_len as u32,
-            vocab_size: v.vocab,
-            max_draft_tokens: max_draft as u32,
-            max_depth: v.config.max_tree_depth as u32,
-            cost_curve: v.cost_curve_wire(),
-        };
-        match DraftLink::open(
-            &v.channels,
-            &plan.endpoint,
-            start,
-            v.config.drafter_connect_timeout,
-        )
-        .await
-        {
-            Ok(link) => Some(link),
-            Err(e) => {
-                tracing::warn!(error = %e, "no drafter: decoding without speculation");
-                None
-            }
-        }
+    let bounds = TreeBounds {
+        vocab: v.vocab,
+        max_draft: run.draft.as_ref().map_or(0, |d| d.max_draft_tokens),
+        max_depth: v.config.max_tree_depth,
+        recycle_top_k: v.config.recycle_top_k,
     };
     let prefill = v
-        .engine
+        .batcher
         .prefill(session)
         .instrument(tracing::info_span!("prefill", tokens = run.tokens.len()));
-    let (done, mut link) = tokio::join!(prefill, open_link);
-    let done = done.map_err(|e| Status::internal(e.to_string()))?;
+    let (done, mut link) = tokio::join!(prefill, open_link(v, run, bounds.max_draft));
+    let done = done?;
     session = done.session;
-    let (reused, seconds) = done.result.map_err(Status::internal)?;
+    let (reused, seconds) = done.result?;
     let started = v1::SessionEvent {
         event: Some(v1::session_event::Event::Started(v1::Started {
             reused_tokens: reused as u32,
@@ -175,173 +109,97 @@ async fn drive_inner(
             drafting: link.is_some(),
         })),
     };
-    events
-        .send(Ok(started))
-        .await
-        .map_err(|_| Status::cancelled(""))?;
+    send(events, started).await?;
 
     let _decoding = Gauge::up(&v.decoding);
-    let mut step_no = 0u64;
-    // The outcome owed to the drafter: set while a span's steps run.
-    let mut report: Option<Report> = None;
+    let mut steps = Steps::new(run.epoch, bounds, link.is_some());
     loop {
-        let tree = if report.is_some() {
-            // A later step of a span: the drafter drafts nothing here and
-            // hears of it when the span is over.
-            root_only(v, &session)?
-        } else {
-            let next = next_tree(v, run, &session, &mut link, step_no, max_draft, events).await?;
-            if link.is_some() {
-                report = Some(Report::new(step_no, next.through));
-            }
-            next.tree
+        let answer = match link.as_mut().filter(|_| steps.wants_tree()) {
+            Some(l) => Some(tokio::select! {
+                a = l.tree_for(steps.epoch(), steps.step(), v.config.draft_timeout) => a,
+                () = events.closed() => return Err(VerifierError::CallerGone),
+            }),
+            None => None,
         };
-        let drafted = tree.draft_len();
-        let top_k = if link.is_some() { v.config.top_k } else { 0 };
+        let planned = steps.plan(answer, session.root(), session.room(&v.model))?;
+        if let Some(why) = &planned.dropped {
+            tracing::warn!(reason = %why, "dropping the drafter: going on without speculation");
+        }
+        if !steps.drafting() {
+            link = None;
+        }
+        let drafted = planned.tree.draft_len();
         let span = tracing::info_span!(
             "verify_step",
-            step = step_no,
+            step = steps.step(),
             drafted,
             accepted = tracing::field::Empty,
             committed = tracing::field::Empty,
             batch_size = tracing::field::Empty,
         );
         let done = v
-            .engine
-            .step(session, tree, top_k)
+            .batcher
+            .step(session, planned.tree, planned.top_k)
             .instrument(span.clone())
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
+            .await?;
         session = done.session;
-        let step = done.result.map_err(Status::internal)?;
+        let step = done.result?;
         span.record("accepted", step.accepted);
         span.record("committed", step.committed.len());
         span.record("batch_size", done.batch_size);
+        let verified = steps.verified(&step, drafted, done.batch_size);
         let event = v1::SessionEvent {
-            event: Some(v1::session_event::Event::Committed(v1::Committed {
-                step: step_no,
-                tokens: step.committed.clone(),
-                drafted: drafted as u32,
-                accepted: step.accepted as u32,
-                finished: step.finish.is_some(),
-                eos: step.finish == Some(Finish::Eos),
-            })),
+            event: Some(v1::session_event::Event::Committed(verified.committed)),
         };
-        events
-            .send(Ok(event))
-            .await
-            .map_err(|_| Status::cancelled(""))?;
-        if step.finish.is_some() {
-            return Ok(Some(session));
+        send(events, event).await?;
+        if verified.finished {
+            return Ok(session);
         }
-        if let (Some(l), Some(r)) = (link.as_mut(), report.as_mut()) {
-            r.add(&step);
-            if r.is_complete() {
-                let outcome = report
-                    .take()
-                    .expect("just added to")
-                    .into_outcome(done.batch_size);
-                if let Err(e) = l.outcome(outcome).await {
-                    tracing::warn!(error = %e, "drafter lost: going on without speculation");
-                    link = None;
-                }
-            }
-        }
-        step_no += 1;
-    }
-}
-
-/// The root alone: plain decoding.
-fn root_only(v: &Inner, session: &Session) -> Result<TokenTree, Status> {
-    TokenTree::root_only(session.root(), TreeLimits::new(1, 0, v.vocab))
-        .map_err(|e| Status::internal(e.to_string()))
-}
-
-/// The tree to verify at a step, and the last step the drafter's answer
-/// covers: the step itself, or the last of a span.
-struct NextTree {
-    tree: TokenTree,
-    through: u64,
-}
-
-/// The tree to verify at `step`: the drafter's, validated, or the root
-/// alone when there is no drafter, it is late, or it sent nonsense.
-async fn next_tree(
-    v: &Inner,
-    run: &ValidRun,
-    session: &Session,
-    link: &mut Option<DraftLink>,
-    step: u64,
-    max_draft: usize,
-    events: &Events,
-) -> Result<NextTree, Status> {
-    let alone = |tree| NextTree {
-        tree,
-        through: step,
-    };
-    let plain = || root_only(v, session).map(alone);
-    let Some(l) = link.as_mut() else {
-        return plain();
-    };
-    let wire = tokio::select! {
-        r = l.tree_for(run.epoch, step, v.config.draft_timeout) => r,
-        () = events.closed() => return Err(Status::cancelled("")),
-    };
-    let wire = match wire {
-        Ok(Some(w)) => w,
-        Ok(None) => {
-            tracing::debug!(step, "no tree in time: verifying the root alone");
-            return plain();
-        }
-        Err(e) => {
+        if let (Some(l), Some(outcome)) = (link.as_mut(), verified.outcome)
+            && let Err(e) = l.outcome(outcome).await
+        {
             tracing::warn!(error = %e, "drafter lost: going on without speculation");
-            *link = None;
-            return plain();
+            steps.drafter_lost();
+            link = None;
         }
-    };
-    let span = match tree_span(&wire) {
-        Ok(span) => span,
-        Err(e) => {
-            tracing::warn!(error = %e, "the drafter sent an invalid tree: dropping the drafter");
-            *link = None;
-            return plain();
-        }
-    };
-    if wire.nodes.is_empty() {
-        // "Nothing drafted", possibly sent ahead of the last outcome: its
-        // root is not known to the drafter yet, so it is not checked. A
-        // span that started before this step (its tree came late) covers
-        // the rest of it.
-        let through = wire.step.saturating_add(u64::from(span) - 1).max(step);
-        return Ok(NextTree {
-            tree: root_only(v, session)?,
-            through,
-        });
     }
-    let room = max_draft.min(session.room(&v.model));
-    let limits = TreeLimits::new(room + 1, v.config.max_tree_depth, v.vocab);
-    let full = TreeLimits::new(max_draft + 1, v.config.max_tree_depth, v.vocab);
-    let tree = match tree_from_wire(&wire, full) {
-        Ok(t) if t.root_token() == session.root() => t,
-        Ok(t) => {
-            tracing::warn!(
-                tree_root = t.root_token(),
-                root = session.root(),
-                "the drafter's tree has the wrong root: dropping the drafter"
-            );
-            *link = None;
-            return plain();
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "the drafter sent an invalid tree: dropping the drafter");
-            *link = None;
-            return plain();
-        }
+}
+
+/// Opens the run's draft stream, if it drafts; a drafter that cannot be
+/// reached only turns speculation off.
+async fn open_link(v: &State, run: &ValidRun, max_draft: usize) -> Option<DraftLink> {
+    let plan = run.draft.as_ref().filter(|_| max_draft > 0)?;
+    let start = v1::DraftStart {
+        session_id: run.session_id.clone(),
+        epoch: run.epoch,
+        tenant: plan.tenant.clone(),
+        tokens: run.tokens.clone(),
+        prompt_len: run.prompt_len as u32,
+        vocab_size: v.vocab,
+        max_draft_tokens: max_draft as u32,
+        max_depth: v.config.max_tree_depth as u32,
+        cost_curve: v.cost_curve_wire(),
     };
-    if tree.len() > limits.max_nodes {
-        // Near the end of the context: keep the best part that fits.
-        let fitted = merge(&[&tree], limits).map_err(|e| Status::internal(e.to_string()))?;
-        return Ok(alone(fitted));
+    match DraftLink::open(
+        &v.channels,
+        &plan.endpoint,
+        start,
+        v.config.drafter_connect_timeout,
+    )
+    .await
+    {
+        Ok(link) => Some(link),
+        Err(e) => {
+            tracing::warn!(error = %e, "no drafter: decoding without speculation");
+            None
+        }
     }
-    Ok(alone(tree))
+}
+
+/// Sends an event to the gateway; a closed stream means it is gone.
+async fn send(events: &Events, event: v1::SessionEvent) -> Result<(), VerifierError> {
+    events
+        .send(Ok(event))
+        .await
+        .map_err(|_| VerifierError::CallerGone)
 }

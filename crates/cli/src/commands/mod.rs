@@ -1,9 +1,4 @@
-pub mod accept;
-pub mod bench;
-pub mod bench_draft;
-pub mod bench_model;
 pub mod client;
-pub mod drafters;
 pub mod fetch;
 pub mod generate;
 pub mod tokenize;

@@ -2,9 +2,8 @@
 
 use anyhow::Result;
 use serde::Serialize;
-
-use crate::commands::generate::encode_prompt;
-use crate::local::ModelArgs;
+use specmesh_bench::generation::encode_prompt;
+use specmesh_bench::local::ModelArgs;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -2,13 +2,11 @@
 //! process talking real gRPC, until Ctrl-C.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
-
-use crate::launch::{Service, wait_healthy};
-use crate::local::ModelArgs;
+use specmesh_bench::launch::Mesh;
+use specmesh_bench::local::ModelArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -27,85 +25,6 @@ pub struct Args {
     /// measuring its cost curve take a few).
     #[arg(long, default_value_t = 120)]
     start_timeout_secs: u64,
-}
-
-/// The started system.
-#[derive(Debug)]
-pub struct Mesh {
-    pub verifiers: Vec<Service>,
-    pub drafters: Vec<Service>,
-    pub gateway: Service,
-}
-
-impl Mesh {
-    pub async fn start(
-        model: PathBuf,
-        threads: Option<usize>,
-        listen: SocketAddr,
-        verifiers: usize,
-        drafters: usize,
-        timeout: Duration,
-    ) -> Result<Mesh> {
-        anyhow::ensure!(verifiers >= 1, "`--verifiers` must be >= 1");
-        let model_arg = model.display().to_string();
-        let mut vs = Vec::new();
-        for _ in 0..verifiers {
-            let mut args = vec![
-                "--listen".into(),
-                "127.0.0.1:0".into(),
-                "--model".into(),
-                model_arg.clone(),
-            ];
-            if let Some(t) = threads {
-                args.extend(["--threads".into(), t.to_string()]);
-            }
-            vs.push(Service::start("specmesh-verifier", &args, timeout).await?);
-        }
-        let mut ds = Vec::new();
-        for _ in 0..drafters {
-            ds.push(
-                Service::start(
-                    "specmesh-drafter",
-                    &["--listen".into(), "127.0.0.1:0".into()],
-                    timeout,
-                )
-                .await?,
-            );
-        }
-        let mut args = vec![
-            "--listen".into(),
-            listen.to_string(),
-            "--model".into(),
-            model_arg,
-            "--verifiers".into(),
-            vs.iter().map(Service::url).collect::<Vec<_>>().join(","),
-        ];
-        if !ds.is_empty() {
-            args.extend([
-                "--drafters".into(),
-                ds.iter().map(Service::url).collect::<Vec<_>>().join(","),
-            ]);
-        }
-        let gateway = Service::start("specmesh-gateway", &args, timeout).await?;
-        for s in vs.iter().chain(&ds).chain([&gateway]) {
-            wait_healthy(&s.url(), timeout).await?;
-        }
-        Ok(Mesh {
-            verifiers: vs,
-            drafters: ds,
-            gateway,
-        })
-    }
-
-    /// Gateway first (no new requests), then the rest.
-    pub async fn stop(self) -> Result<()> {
-        let grace = Duration::from_secs(10);
-        self.gateway.stop(grace).await?;
-        for s in self.drafters.into_iter().chain(self.verifiers) {
-            s.stop(grace).await?;
-        }
-        Ok(())
-    }
 }
 
 pub fn run(args: Args) -> Result<()> {

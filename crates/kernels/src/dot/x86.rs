@@ -18,11 +18,20 @@ use crate::isa::Isa;
 
 trait DotU8I8 {
     /// Per 32-bit lane: Σ of the four adjacent products u8(u) · i8(s).
+    ///
+    /// # Safety
+    /// The CPU must support the implementation's instructions (AVX2 for
+    /// `Avx2`, AVX-VNNI for `AvxVnni`, AVX-512 VNNI and VL for
+    /// `Avx512Vnni`); it is only called from the `#[target_feature]` entry
+    /// points of that ISA, which the dispatcher enters after
+    /// `Isa::supported` confirmed it.
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i;
 }
 
 struct Avx2;
 impl DotU8I8 for Avx2 {
+    /// # Safety
+    /// The CPU must support AVX2 (see [`DotU8I8::dot`]).
     #[inline(always)]
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
         unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)) }
@@ -31,6 +40,8 @@ impl DotU8I8 for Avx2 {
 
 struct AvxVnni;
 impl DotU8I8 for AvxVnni {
+    /// # Safety
+    /// The CPU must support AVX-VNNI (see [`DotU8I8::dot`]).
     #[inline(always)]
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
         unsafe { _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s) }
@@ -39,6 +50,8 @@ impl DotU8I8 for AvxVnni {
 
 struct Avx512Vnni;
 impl DotU8I8 for Avx512Vnni {
+    /// # Safety
+    /// The CPU must support AVX-512 VNNI and VL (see [`DotU8I8::dot`]).
     #[inline(always)]
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
         unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s) }
@@ -47,12 +60,21 @@ impl DotU8I8 for Avx512Vnni {
 
 use crate::vec::hsum256 as hsum;
 
+/// The 32 quantized values of `a` in one register.
+///
+/// # Safety
+/// The CPU must support AVX (true of every caller: AVX2 kernels compiled
+/// for it or entered after run-time detection, into which this inlines).
 #[inline(always)]
 unsafe fn load_act(a: &BlockQ8) -> __m256i {
     unsafe { _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i) }
 }
 
 /// 32 nibbles of a Q4 block as u8 lanes 0..15 in element order.
+///
+/// # Safety
+/// `qs` must point to 16 readable bytes, and the CPU must support AVX2
+/// (callers are the AVX2 / VNNI kernels of this module).
 #[inline(always)]
 unsafe fn unpack_q4(qs: *const u8) -> __m256i {
     unsafe {
@@ -69,6 +91,13 @@ unsafe fn unpack_q4(qs: *const u8) -> __m256i {
 // same order, so its result does not depend on R or T; several pairs per
 // tile only give the CPU independent FMA chains to overlap.
 
+/// `R` Q4_1 weight rows · `T` activation rows (see [`TileFn`]).
+///
+/// # Safety
+/// `w` must hold `R` rows of `rb` bytes, each whole 20-byte Q4_1 blocks, rows
+/// `r0..r0 + T` must exist in `acts` with at least as many blocks, and the
+/// CPU must support AVX2, FMA and `D`'s instructions (callers are the
+/// `#[target_feature]` entry points below).
 #[inline(always)]
 unsafe fn q4_1_tile<D: DotU8I8, const R: usize, const T: usize>(
     w: &[u8],
@@ -102,6 +131,13 @@ unsafe fn q4_1_tile<D: DotU8I8, const R: usize, const T: usize>(
     }
 }
 
+/// `R` Q4_0 weight rows · `T` activation rows (see [`TileFn`]).
+///
+/// # Safety
+/// `w` must hold `R` rows of `rb` bytes, each whole 18-byte Q4_0 blocks, rows
+/// `r0..r0 + T` must exist in `acts` with at least as many blocks, and the
+/// CPU must support AVX2, FMA and `D`'s instructions (callers are the
+/// `#[target_feature]` entry points below).
 #[inline(always)]
 unsafe fn q4_0_tile<D: DotU8I8, const R: usize, const T: usize>(
     w: &[u8],
@@ -137,6 +173,13 @@ unsafe fn q4_0_tile<D: DotU8I8, const R: usize, const T: usize>(
     }
 }
 
+/// `R` Q8_0 weight rows · `T` activation rows (see [`TileFn`]).
+///
+/// # Safety
+/// `w` must hold `R` rows of `rb` bytes, each whole 34-byte Q8_0 blocks, rows
+/// `r0..r0 + T` must exist in `acts` with at least as many blocks, and the
+/// CPU must support AVX2, FMA and `D`'s instructions (callers are the
+/// `#[target_feature]` entry points below).
 #[inline(always)]
 unsafe fn q8_0_tile<D: DotU8I8, const R: usize, const T: usize>(
     w: &[u8],
@@ -171,6 +214,10 @@ unsafe fn q8_0_tile<D: DotU8I8, const R: usize, const T: usize>(
     }
 }
 
+/// The little-endian f16 at `p`, as f32.
+///
+/// # Safety
+/// `p` must point to 2 readable bytes.
 #[inline(always)]
 unsafe fn f16_ptr(p: *const u8) -> f32 {
     unsafe { half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32() }
@@ -182,6 +229,14 @@ macro_rules! entry_points {
             use super::*;
             macro_rules! dispatch {
                 ($tile:ident, $fn_name:ident) => {
+                    /// A [`TileFn`] for this ISA.
+                    ///
+                    /// # Safety
+                    /// As for [`TileFn`]: `w` holds `r` rows of `rb`
+                    /// bytes in the format, rows `r0..r0 + t` exist in
+                    /// `acts`, and the CPU supports this module's target
+                    /// features (checked by `Isa::supported` before the
+                    /// dispatcher hands this function out).
                     #[target_feature(enable = $features)]
                     pub(super) unsafe fn $fn_name(
                         w: &[u8],

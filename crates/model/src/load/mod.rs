@@ -17,7 +17,8 @@ pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 pub struct LoadOptions<'a> {
     /// Compute threads (`None`: all available cores).
     pub threads: Option<usize>,
-    /// Kernel instruction set (`None`: the fastest this CPU supports).
+    /// Kernel instruction set of the matmuls and of attention (`None`: the
+    /// fastest this CPU supports).
     pub isa: Option<specmesh_kernels::Isa>,
     /// Called as weights are read.
     pub progress: Option<Progress<'a>>,

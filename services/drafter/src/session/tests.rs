@@ -27,7 +27,7 @@ fn bounded(
         max_depth,
         ..Default::default()
     };
-    let spec = SessionSpec::from_wire(start, 1000).unwrap();
+    let spec = crate::validate::start(start, 1000).unwrap();
     let drafter = DrafterSet::new(0, None).for_session(&spec.tenant, spec.vocab);
     DraftSession::new(spec, drafter, max_context, false).unwrap()
 }
@@ -52,7 +52,7 @@ fn not_paying(pipeline: bool, max_context: usize) -> DraftSession {
             .collect(),
         ..Default::default()
     };
-    let spec = SessionSpec::from_wire(start, 1000).unwrap();
+    let spec = crate::validate::start(start, 1000).unwrap();
     assert!(spec.curve_fallback.is_none());
     let drafter = DrafterSet::new(0, None).for_session(&spec.tenant, spec.vocab);
     DraftSession::new(spec, drafter, max_context, pipeline).unwrap()

@@ -1,6 +1,10 @@
 //! Starting the services as child processes on loopback and stopping them:
-//! what `specmesh up` does, and what the end-to-end tests drive.
+//! what `specmesh up` does, and what `specmesh bench --up` runs against.
+//!
+//! The only unsafe code of the crate: the launched service gets a parent-death
+//! signal, and is stopped with SIGTERM before SIGKILL.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -140,5 +144,87 @@ pub async fn wait_healthy(url: &str, timeout: Duration) -> Result<()> {
             bail!("{url} is not healthy after {timeout:?}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The started system: verifiers, drafters and the gateway in front of them.
+#[derive(Debug)]
+pub struct Mesh {
+    pub verifiers: Vec<Service>,
+    pub drafters: Vec<Service>,
+    pub gateway: Service,
+}
+
+impl Mesh {
+    /// Starts the verifiers and drafters on free loopback ports, then the
+    /// gateway on `listen` in front of them, and waits until every one is
+    /// healthy.
+    pub async fn start(
+        model: PathBuf,
+        threads: Option<usize>,
+        listen: SocketAddr,
+        verifiers: usize,
+        drafters: usize,
+        timeout: Duration,
+    ) -> Result<Mesh> {
+        anyhow::ensure!(verifiers >= 1, "`--verifiers` must be >= 1");
+        let model_arg = model.display().to_string();
+        let mut vs = Vec::new();
+        for _ in 0..verifiers {
+            let mut args = vec![
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--model".into(),
+                model_arg.clone(),
+            ];
+            if let Some(t) = threads {
+                args.extend(["--threads".into(), t.to_string()]);
+            }
+            vs.push(Service::start("specmesh-verifier", &args, timeout).await?);
+        }
+        let mut ds = Vec::new();
+        for _ in 0..drafters {
+            ds.push(
+                Service::start(
+                    "specmesh-drafter",
+                    &["--listen".into(), "127.0.0.1:0".into()],
+                    timeout,
+                )
+                .await?,
+            );
+        }
+        let mut args = vec![
+            "--listen".into(),
+            listen.to_string(),
+            "--model".into(),
+            model_arg,
+            "--verifiers".into(),
+            vs.iter().map(Service::url).collect::<Vec<_>>().join(","),
+        ];
+        if !ds.is_empty() {
+            args.extend([
+                "--drafters".into(),
+                ds.iter().map(Service::url).collect::<Vec<_>>().join(","),
+            ]);
+        }
+        let gateway = Service::start("specmesh-gateway", &args, timeout).await?;
+        for s in vs.iter().chain(&ds).chain([&gateway]) {
+            wait_healthy(&s.url(), timeout).await?;
+        }
+        Ok(Mesh {
+            verifiers: vs,
+            drafters: ds,
+            gateway,
+        })
+    }
+
+    /// Gateway first (no new requests), then the rest.
+    pub async fn stop(self) -> Result<()> {
+        let grace = Duration::from_secs(10);
+        self.gateway.stop(grace).await?;
+        for s in self.drafters.into_iter().chain(self.verifiers) {
+            s.stop(grace).await?;
+        }
+        Ok(())
     }
 }

@@ -17,8 +17,6 @@ mod report;
 mod sweep;
 mod table;
 
-pub(crate) use peer::{build_info as peer_build_info, default_bin_dir as peer_bin_dir};
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -28,11 +26,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use specmesh_proto::v1::generation_client::GenerationClient;
 
-use crate::commands::up::Mesh;
+use crate::launch::Mesh;
+use crate::llama_cpp;
 use crate::local::ModelArgs;
 use crate::specbench::{Question, Selection};
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
@@ -145,7 +144,10 @@ pub fn run(args: Args) -> Result<()> {
     }
     // The peers first: a missing setup should fail before minutes of start-up.
     let peers = if args.peer {
-        let dir = args.peer_bin.clone().unwrap_or_else(peer::default_bin_dir);
+        let dir = args
+            .peer_bin
+            .clone()
+            .unwrap_or_else(llama_cpp::default_bin_dir);
         let threads = args
             .model
             .threads

@@ -10,8 +10,8 @@ use specmesh_sampling::SamplingParams;
 use specmesh_tree::TreeLimits;
 
 use super::{Config, Run};
-use crate::commands::drafters::{self, DrafterKind};
-use crate::commands::generate::encode_prompt;
+use crate::drafters::{self, DrafterKind};
+use crate::generation::encode_prompt;
 use crate::local::ModelArgs;
 use crate::specbench::Question;
 

@@ -11,7 +11,7 @@
 //! tokens), not from our clock.
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,21 +19,9 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
 use super::{Config, Run};
-use crate::commands::generate::encode_prompt;
+use crate::generation::encode_prompt;
+use crate::llama_cpp::build_info;
 use crate::specbench::Question;
-
-/// Where `tools/bench/setup.sh` puts the binaries.
-pub fn default_bin_dir() -> PathBuf {
-    let home = std::env::var_os("HOME").unwrap_or_default();
-    PathBuf::from(home).join(".cache/specmesh/peer/bin")
-}
-
-/// The build's own description (version, compiler, flags), as
-/// `tools/bench/setup.sh` recorded it.
-pub fn build_info(dir: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(dir.join("BUILD_INFO")).ok()?;
-    Some(text.lines().collect::<Vec<_>>().join("; "))
-}
 
 /// What a peer server runs.
 #[derive(Clone, Debug, PartialEq)]

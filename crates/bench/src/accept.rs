@@ -20,12 +20,12 @@ use specmesh_draft::{DraftContext, Drafter, Feedback};
 use specmesh_model::{Block, Model};
 use specmesh_tree::{TokenTree, TreeLimits};
 
-use crate::commands::drafters::{self, DrafterKind};
-use crate::commands::generate::encode_prompt;
+use crate::drafters::{self, DrafterKind};
+use crate::generation::encode_prompt;
 use crate::local::ModelArgs;
 use crate::specbench::{Question, Selection};
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,

@@ -1,4 +1,6 @@
-//! Loading the model and tokenizer in-process, shared by the commands.
+//! Loading the model and tokenizer in-process: the `--model`, `--threads`
+//! and `--isa` flags, shared by the benchmarks and `specmesh`'s local
+//! commands.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -36,10 +38,9 @@ impl ModelArgs {
 
     pub fn load_tokenizer(&self) -> Result<Tokenizer> {
         let path = self.path()?;
-        let tok = match ModelFormat::detect(&path)? {
-            ModelFormat::Gguf => Tokenizer::from_gguf_path(&path),
-            ModelFormat::Safetensors => Tokenizer::from_hf_dir(&path),
-        };
+        // A missing path is the model's "not found", not a tokenizer error.
+        ModelFormat::detect(&path)?;
+        let tok = Tokenizer::from_model_path(&path);
         tok.with_context(|| format!("loading the tokenizer of {}", path.display()))
     }
 

@@ -1,4 +1,4 @@
-//! The engine thread: the one place the target model runs. Sessions hand it
+//! The batching thread: the one place the target model runs. Sessions hand it
 //! prefill and step jobs over a channel; it gathers the step jobs of
 //! concurrent sessions into one batched forward (continuous batching) and
 //! hands each session back with its result.
@@ -16,8 +16,10 @@ use specmesh_model::Model;
 use specmesh_tree::TokenTree;
 use tokio::sync::oneshot;
 
+use crate::error::VerifierError;
+
 #[derive(Debug, Clone, Copy)]
-pub struct EngineConfig {
+pub struct BatcherConfig {
     pub max_batch: usize,
     /// How long a batch waits for the trees of other decoding sessions.
     pub window: Duration,
@@ -34,12 +36,12 @@ pub struct Counters {
 
 pub struct PrefillDone {
     pub session: Box<Session>,
-    pub result: Result<(usize, f64), String>,
+    pub result: Result<(usize, f64), VerifierError>,
 }
 
 pub struct StepDone {
     pub session: Box<Session>,
-    pub result: Result<Step, String>,
+    pub result: Result<Step, VerifierError>,
     /// Sessions verified in the same forward.
     pub batch_size: usize,
 }
@@ -59,35 +61,30 @@ enum Job {
     },
 }
 
-/// A handle to the engine thread; cheap to clone.
+/// A handle to the batching thread; cheap to clone.
 #[derive(Clone, Debug)]
-pub struct Engine {
+pub struct Batcher {
     tx: mpsc::Sender<Job>,
     counters: Arc<Counters>,
 }
 
-/// The engine thread has stopped (it panicked): nothing can be verified.
-#[derive(Debug, thiserror::Error)]
-#[error("the model engine has stopped")]
-pub struct EngineGone;
-
-impl Engine {
-    pub fn start(model: Arc<Model>, config: EngineConfig) -> Engine {
+impl Batcher {
+    pub fn start(model: Arc<Model>, config: BatcherConfig) -> Batcher {
         let (tx, rx) = mpsc::channel();
         let counters = Arc::new(Counters::default());
         let c = Arc::clone(&counters);
         std::thread::Builder::new()
-            .name("specmesh-engine".into())
+            .name("specmesh-batcher".into())
             .spawn(move || run(&model, config, &rx, &c))
-            .expect("spawning the engine thread");
-        Engine { tx, counters }
+            .expect("spawning the batching thread");
+        Batcher { tx, counters }
     }
 
     pub fn counters(&self) -> &Arc<Counters> {
         &self.counters
     }
 
-    pub async fn prefill(&self, session: Box<Session>) -> Result<PrefillDone, EngineGone> {
+    pub async fn prefill(&self, session: Box<Session>) -> Result<PrefillDone, VerifierError> {
         let (reply, rx) = oneshot::channel();
         let span = tracing::Span::current();
         self.tx
@@ -96,8 +93,8 @@ impl Engine {
                 span,
                 reply,
             })
-            .map_err(|_| EngineGone)?;
-        rx.await.map_err(|_| EngineGone)
+            .map_err(|_| VerifierError::BatcherGone)?;
+        rx.await.map_err(|_| VerifierError::BatcherGone)
     }
 
     pub async fn step(
@@ -105,7 +102,7 @@ impl Engine {
         session: Box<Session>,
         tree: TokenTree,
         top_k: usize,
-    ) -> Result<StepDone, EngineGone> {
+    ) -> Result<StepDone, VerifierError> {
         let (reply, rx) = oneshot::channel();
         let span = tracing::Span::current();
         self.tx
@@ -116,8 +113,8 @@ impl Engine {
                 span,
                 reply,
             })
-            .map_err(|_| EngineGone)?;
-        rx.await.map_err(|_| EngineGone)
+            .map_err(|_| VerifierError::BatcherGone)?;
+        rx.await.map_err(|_| VerifierError::BatcherGone)
     }
 }
 
@@ -129,7 +126,7 @@ struct StepJob {
     reply: oneshot::Sender<StepDone>,
 }
 
-fn run(model: &Model, config: EngineConfig, rx: &mpsc::Receiver<Job>, counters: &Counters) {
+fn run(model: &Model, config: BatcherConfig, rx: &mpsc::Receiver<Job>, counters: &Counters) {
     let mut steps: Vec<StepJob> = Vec::new();
     while let Ok(first) = rx.recv() {
         let mut prefills = Vec::new();
@@ -180,7 +177,9 @@ fn run(model: &Model, config: EngineConfig, rx: &mpsc::Receiver<Job>, counters: 
         }
         for (mut session, span, reply) in prefills {
             let _e = span.enter();
-            let result = session.prefill(model).map_err(|e| e.to_string());
+            let result = session
+                .prefill(model)
+                .map_err(|e| VerifierError::Model(e.to_string()));
             let _ = reply.send(PrefillDone { session, result });
         }
         while !steps.is_empty() {
@@ -232,7 +231,7 @@ fn run_batch(model: &Model, mut batch: Vec<StepJob>, counters: &Counters) {
             tracing::warn!(parent: &job.span, error = %e, "verify step failed");
             let _ = job.reply.send(StepDone {
                 session: job.session,
-                result: Err(e.to_string()),
+                result: Err(VerifierError::Model(e.to_string())),
                 batch_size: 1,
             });
         }

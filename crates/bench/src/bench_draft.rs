@@ -13,11 +13,11 @@ use specmesh_sampling::SamplingParams;
 use specmesh_tree::{TokenTree, TreeBuilder, TreeLimits};
 use specmesh_verify::{RowMajor, verify};
 
-use crate::commands::drafters::{self, DrafterKind};
+use crate::drafters::{self, DrafterKind};
 use crate::local::ModelArgs;
 use crate::specbench::Selection;
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
@@ -132,7 +132,8 @@ pub fn run(mut args: Args) -> Result<()> {
     let tree = full_tree(
         *prompt.last().context("empty prompt")?,
         limits,
-        &text[512..],
+        // The text after the prompt: what the tree's paths draft.
+        &text[prompt.len()..],
     );
     let block = Block::tree(tree.tokens().to_vec(), tree.parent_list(), seq.len())?;
     let logits = model.forward(&mut seq, &block)?;

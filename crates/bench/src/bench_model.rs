@@ -21,10 +21,11 @@ use specmesh_model::Block;
 use specmesh_model::cost::ordinary_tokens as tokens;
 use specmesh_sampling::SamplingParams;
 
-use crate::commands::generate::decode;
+use crate::generation::decode;
+use crate::llama_cpp;
 use crate::local::ModelArgs;
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
@@ -225,7 +226,7 @@ pub fn run(args: Args) -> Result<()> {
         let dir = args
             .peer_bin
             .clone()
-            .unwrap_or_else(crate::commands::bench::peer_bin_dir);
+            .unwrap_or_else(llama_cpp::default_bin_dir);
         match llama_bench(
             &dir,
             &path,
@@ -314,7 +315,7 @@ fn llama_bench(
         .to_owned();
     Ok(PeerBench {
         tool: "llama.cpp llama-bench".into(),
-        build: crate::commands::bench::peer_build_info(dir).unwrap_or(build),
+        build: llama_cpp::build_info(dir).unwrap_or(build),
         prefill_tokens: prefill,
         prefill_tokens_per_second: rate(true)?,
         decode_tokens: decode,

@@ -1,0 +1,161 @@
+//! `RunRequest` from the wire: what a run asks, checked on its own. The
+//! verifier then checks it against its model (vocabulary, context) and its
+//! limits.
+
+use specmesh_sampling::SamplingParams;
+
+use crate::field::{FieldError, check_id};
+use crate::v1;
+
+/// A `RunRequest` whose fields are each well formed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSpec {
+    pub session_id: String,
+    pub epoch: u64,
+    /// Prompt then output so far; never empty.
+    pub tokens: Vec<u32>,
+    /// In `1..=tokens.len()`.
+    pub prompt_len: usize,
+    /// At least 1.
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Where to draft from; `None` decodes without speculation.
+    pub draft: Option<RunDraft>,
+    /// Keep the session's KV under this key at its end (and take it at its
+    /// start); `None`: no reuse.
+    pub cache_key: Option<String>,
+}
+
+/// The drafter a run is placed with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunDraft {
+    /// A URI (`http://host:port`).
+    pub endpoint: String,
+    /// The gateway's bound on drafted nodes per tree; `None`: the
+    /// verifier's own.
+    pub max_draft_tokens: Option<usize>,
+    pub tenant: String,
+}
+
+impl TryFrom<v1::RunRequest> for RunSpec {
+    type Error = FieldError;
+
+    fn try_from(r: v1::RunRequest) -> Result<RunSpec, FieldError> {
+        if r.tokens.is_empty() {
+            return Err(FieldError::new("tokens", "must hold at least one token"));
+        }
+        let prompt_len = r.prompt_len as usize;
+        if prompt_len == 0 || prompt_len > r.tokens.len() {
+            return Err(FieldError::new(
+                "prompt_len",
+                format!("must be in 1..={}, got {prompt_len}", r.tokens.len()),
+            ));
+        }
+        if r.max_new_tokens == 0 {
+            return Err(FieldError::new("max_new_tokens", "must be >= 1"));
+        }
+        check_id("session_id", &r.session_id)?;
+        check_id("cache_key", &r.cache_key)?;
+        let sampling = SamplingParams::try_from(r.sampling.unwrap_or_default())?;
+        let draft = match r.draft {
+            Some(d) if !d.endpoint.is_empty() => {
+                if d.endpoint.parse::<tonic::transport::Uri>().is_err() {
+                    return Err(FieldError::new(
+                        "draft.endpoint",
+                        format!("is not a URI: `{}`", d.endpoint),
+                    ));
+                }
+                check_id("draft.tenant", &d.tenant)?;
+                Some(RunDraft {
+                    endpoint: d.endpoint,
+                    max_draft_tokens: (d.max_draft_tokens > 0)
+                        .then_some(d.max_draft_tokens as usize),
+                    tenant: d.tenant,
+                })
+            }
+            _ => None,
+        };
+        Ok(RunSpec {
+            session_id: r.session_id,
+            epoch: r.epoch,
+            tokens: r.tokens,
+            prompt_len,
+            max_new_tokens: r.max_new_tokens as usize,
+            sampling,
+            draft,
+            cache_key: Some(r.cache_key).filter(|k| !k.is_empty()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> v1::RunRequest {
+        v1::RunRequest {
+            session_id: "s".into(),
+            tokens: vec![1, 2, 3],
+            prompt_len: 2,
+            max_new_tokens: 4,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_well_formed_run_converts() {
+        let mut r = request();
+        r.draft = Some(v1::DraftPlan {
+            endpoint: "http://127.0.0.1:9".into(),
+            max_draft_tokens: 0,
+            tenant: "t".into(),
+        });
+        let s = RunSpec::try_from(r).unwrap();
+        assert_eq!((s.prompt_len, s.max_new_tokens), (2, 4));
+        assert_eq!(s.cache_key, None);
+        assert_eq!(s.draft.unwrap().max_draft_tokens, None);
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let bad = |f: fn(&mut v1::RunRequest)| {
+            let mut r = request();
+            f(&mut r);
+            RunSpec::try_from(r).unwrap_err().to_string()
+        };
+        assert_eq!(
+            bad(|r| r.tokens.clear()),
+            "`tokens` must hold at least one token"
+        );
+        assert_eq!(
+            bad(|r| r.prompt_len = 4),
+            "`prompt_len` must be in 1..=3, got 4"
+        );
+        assert_eq!(
+            bad(|r| r.prompt_len = 0),
+            "`prompt_len` must be in 1..=3, got 0"
+        );
+        assert_eq!(
+            bad(|r| r.max_new_tokens = 0),
+            "`max_new_tokens` must be >= 1"
+        );
+        assert_eq!(
+            bad(|r| r.cache_key = "k".repeat(129)),
+            "`cache_key` must be at most 128 bytes, got 129"
+        );
+        assert!(
+            bad(|r| r.sampling = Some(v1::SamplingParams {
+                top_p: 2.0,
+                ..Default::default()
+            }))
+            .starts_with("`sampling.top_p`")
+        );
+        assert!(
+            bad(|r| r.draft = Some(v1::DraftPlan {
+                endpoint: "not a uri".into(),
+                ..Default::default()
+            }))
+            .starts_with("`draft.endpoint` is not a URI")
+        );
+    }
+}

@@ -1,0 +1,122 @@
+//! `DraftStart` from the wire: the session a verifier asks a drafter to
+//! draft for, checked on its own. The drafter then checks it against its
+//! own limits (context length).
+
+use specmesh_draft::{CostCurve, PolicyError, TenantKey};
+
+use crate::field::{FieldError, check_id, check_tokens};
+use crate::limits::{MAX_CURVE_POINTS, MAX_DEPTH, MAX_DRAFT_TOKENS};
+use crate::v1;
+
+/// The tenant of a start whose `tenant` is empty. A tenant that really is
+/// named "anonymous" shares its index; the gateway never issues that name.
+pub const ANONYMOUS_TENANT: &str = "anonymous";
+
+/// A validated `DraftStart`.
+#[derive(Debug, Clone)]
+pub struct StartSpec {
+    pub session_id: String,
+    pub epoch: u64,
+    pub tenant: TenantKey,
+    /// Prompt then committed output; never empty, every token below `vocab`.
+    pub tokens: Vec<u32>,
+    /// At most `tokens.len()`.
+    pub prompt_len: usize,
+    /// At least 1.
+    pub vocab: u32,
+    /// The verifier's node bound, clamped to [`MAX_DRAFT_TOKENS`]; 0 means
+    /// every tree is the root alone.
+    pub max_draft_tokens: usize,
+    /// The verifier's depth bound, clamped to [`MAX_DEPTH`].
+    pub max_depth: usize,
+    /// The verifier's cost curve, or [`CostCurve::cpu_default`].
+    pub curve: CostCurve,
+    /// Why `curve` is the default, when it is.
+    pub curve_fallback: Option<CurveFallback>,
+}
+
+/// Why a session runs on the default cost curve.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CurveFallback {
+    #[error("the verifier sent no cost curve")]
+    Missing,
+    #[error("the verifier's cost curve has {0} points, over the limit of {MAX_CURVE_POINTS}")]
+    TooManyPoints(usize),
+    #[error("the verifier's cost curve is invalid: {0}")]
+    Invalid(#[from] PolicyError),
+}
+
+impl TryFrom<v1::DraftStart> for StartSpec {
+    type Error = FieldError;
+
+    fn try_from(start: v1::DraftStart) -> Result<StartSpec, FieldError> {
+        let v1::DraftStart {
+            session_id,
+            epoch,
+            tenant,
+            tokens,
+            prompt_len,
+            vocab_size,
+            max_draft_tokens,
+            max_depth,
+            cost_curve,
+        } = start;
+        check_id("start.session_id", &session_id)?;
+        check_id("start.tenant", &tenant)?;
+        if vocab_size == 0 {
+            return Err(FieldError::new("start.vocab_size", "must be >= 1, got 0"));
+        }
+        if tokens.is_empty() {
+            return Err(FieldError::new(
+                "start.tokens",
+                "must not be empty: its last token is the first tree's root",
+            ));
+        }
+        check_tokens("start.tokens", &tokens, vocab_size)?;
+        let prompt_len = prompt_len as usize;
+        if prompt_len > tokens.len() {
+            return Err(FieldError::new(
+                "start.prompt_len",
+                format!(
+                    "is {prompt_len}, more than the {} tokens sent",
+                    tokens.len()
+                ),
+            ));
+        }
+        let (curve, curve_fallback) = match curve_from_wire(&cost_curve) {
+            Ok(curve) => (curve, None),
+            Err(why) => (CostCurve::cpu_default(), Some(why)),
+        };
+        let tenant = if tenant.is_empty() {
+            TenantKey::new(ANONYMOUS_TENANT)
+        } else {
+            TenantKey::from(tenant)
+        };
+        Ok(StartSpec {
+            session_id,
+            epoch,
+            tenant,
+            tokens,
+            prompt_len,
+            vocab: vocab_size,
+            max_draft_tokens: (max_draft_tokens as usize).min(MAX_DRAFT_TOKENS),
+            max_depth: (max_depth as usize).min(MAX_DEPTH),
+            curve,
+            curve_fallback,
+        })
+    }
+}
+
+fn curve_from_wire(points: &[v1::CostPoint]) -> Result<CostCurve, CurveFallback> {
+    if points.is_empty() {
+        return Err(CurveFallback::Missing);
+    }
+    if points.len() > MAX_CURVE_POINTS {
+        return Err(CurveFallback::TooManyPoints(points.len()));
+    }
+    let points = points
+        .iter()
+        .map(|p| (p.tokens as usize, p.relative_cost))
+        .collect();
+    Ok(CostCurve::new(points)?)
+}

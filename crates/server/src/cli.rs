@@ -1,0 +1,177 @@
+//! The flags every service shares ([`ServerArgs`]) and the one rule for
+//! environment fallbacks: every flag of a service reads the variable named
+//! for the service and the flag, `--max-sessions` of the verifier
+//! `SPECMESH_VERIFIER_MAX_SESSIONS`.
+//!
+//! The names carry the service because a drafter and a verifier often share
+//! one pod spec or one `.env` file, and a shared `SPECMESH_MAX_SESSIONS`
+//! would silently size both. The rule is applied to the parsed command, not
+//! written on each field, so no flag can miss it or get it wrong.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+
+use clap::{CommandFactory, FromArgMatches};
+
+/// A service as its command line knows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Service {
+    /// `verifier`, `drafter`, `gateway`.
+    pub name: &'static str,
+    /// The address served when `--listen` is not given.
+    pub default_listen: &'static str,
+    /// The default of `--shutdown-grace-secs`.
+    pub default_grace_secs: u64,
+}
+
+impl Service {
+    /// The binary: `specmesh-verifier`.
+    pub fn binary(&self) -> String {
+        format!("specmesh-{}", self.name)
+    }
+
+    /// The environment variable of flag `id` (the field name):
+    /// `SPECMESH_VERIFIER_MAX_SESSIONS` for `max_sessions`.
+    pub fn env_var(&self, id: &str) -> String {
+        format!(
+            "SPECMESH_{}_{}",
+            self.name.to_uppercase(),
+            id.to_uppercase().replace('-', "_")
+        )
+    }
+}
+
+/// Flags every service has; flatten into the service's `Args`.
+#[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
+pub struct ServerArgs {
+    /// Address to serve gRPC on (port 0: any free port, printed at startup).
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// Seconds running calls get to finish on SIGTERM/SIGINT; health turns
+    /// NOT_SERVING at once.
+    #[arg(long)]
+    pub shutdown_grace_secs: u64,
+}
+
+/// A flag's value outside its range; the message names the flag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlagError {
+    #[error("`--{flag}` must be >= {min}, got {value}")]
+    TooSmall {
+        flag: &'static str,
+        min: usize,
+        value: usize,
+    },
+    #[error("`--{flag}` must be <= {max}, got {value}")]
+    TooLarge {
+        flag: &'static str,
+        max: usize,
+        value: usize,
+    },
+}
+
+/// `value` of `--flag`, if it is in `min..=max`.
+pub fn in_range(
+    flag: &'static str,
+    value: usize,
+    min: usize,
+    max: usize,
+) -> Result<usize, FlagError> {
+    if value < min {
+        return Err(FlagError::TooSmall { flag, min, value });
+    }
+    if value > max {
+        return Err(FlagError::TooLarge { flag, max, value });
+    }
+    Ok(value)
+}
+
+/// `A`'s command with the service's defaults and an environment variable
+/// for every flag.
+pub fn command<A: CommandFactory>(service: &Service) -> clap::Command {
+    let listen = leak(service.default_listen.to_string());
+    let grace = leak(service.default_grace_secs.to_string());
+    let mut cmd = A::command()
+        .mut_arg("listen", |a| a.required(false).default_value(listen))
+        .mut_arg("shutdown_grace_secs", |a| {
+            a.required(false).default_value(grace)
+        });
+    let ids: Vec<String> = cmd
+        .get_arguments()
+        .filter(|a| a.get_long().is_some() && !matches!(a.get_id().as_str(), "help" | "version"))
+        .map(|a| a.get_id().to_string())
+        .collect();
+    for id in ids {
+        let var = leak(service.env_var(&id));
+        cmd = cmd.mut_arg(id, |a| a.env(var));
+    }
+    cmd
+}
+
+/// Parses the process's arguments (and environment); exits with clap's
+/// message on bad input, as `Parser::parse` does.
+pub fn parse<A: CommandFactory + FromArgMatches>(service: &Service) -> A {
+    let matches = command::<A>(service).get_matches();
+    A::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// Parses `argv` (and the environment), for tests and embedders.
+pub fn try_parse_from<A, I, T>(service: &Service, argv: I) -> Result<A, clap::Error>
+where
+    A: CommandFactory + FromArgMatches,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let matches = command::<A>(service).try_get_matches_from(argv)?;
+    A::from_arg_matches(&matches)
+}
+
+/// Flag defaults and variable names live as long as the process; the
+/// command is built once at startup (and a few times in tests).
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SVC: Service = Service {
+        name: "widget",
+        default_listen: "127.0.0.1:7",
+        default_grace_secs: 9,
+    };
+
+    #[derive(clap::Parser, Debug)]
+    struct Args {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Something of the service's own.
+        #[arg(long, default_value_t = 3)]
+        max_things: usize,
+    }
+
+    #[test]
+    fn defaults_come_from_the_service_and_every_flag_has_its_variable() {
+        let a: Args = try_parse_from(&SVC, ["widget"]).unwrap();
+        assert_eq!(a.server.listen, "127.0.0.1:7".parse().unwrap());
+        assert_eq!(a.server.shutdown_grace_secs, 9);
+        assert_eq!(a.max_things, 3);
+        let cmd = command::<Args>(&SVC);
+        let mut vars: Vec<_> = cmd
+            .get_arguments()
+            .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+            .collect();
+        vars.sort();
+        assert_eq!(
+            vars,
+            [
+                "SPECMESH_WIDGET_LISTEN",
+                "SPECMESH_WIDGET_MAX_THINGS",
+                "SPECMESH_WIDGET_SHUTDOWN_GRACE_SECS",
+            ]
+        );
+        let err = try_parse_from::<Args, _, _>(&SVC, ["widget", "--max-things", "x"]).unwrap_err();
+        assert!(err.to_string().contains("--max-things"), "{err}");
+    }
+}

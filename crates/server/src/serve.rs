@@ -1,0 +1,161 @@
+//! One way to serve a specmesh service: bind, health, reflection, HTTP/2
+//! keepalive, the "listening on" line, and a graceful drain.
+//!
+//! Shutdown, when the `shutdown` future resolves:
+//!
+//! 1. health turns NOT_SERVING (the service and the whole server, ""), so
+//!    load balancers and Kubernetes stop sending;
+//! 2. the listener closes and connections get an HTTP/2 GOAWAY: no new
+//!    call starts, open ones go on for [`ServeConfig::grace`];
+//! 3. then [`Drain::close`] tells the service to end what still runs, and
+//!    `serve` returns `Ok` after at most [`ServeConfig::close_timeout`] more.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tonic::service::Routes;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+
+/// What a service does while the server drains.
+pub trait Drain: Send + Sync {
+    /// Calls (sessions, streams, requests) still running, for the logs.
+    fn in_flight(&self) -> usize;
+    /// The grace period is over: end what still runs.
+    fn close(&self) {}
+}
+
+/// A service with nothing to end early: its calls are cut when `serve`
+/// returns.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoDrain;
+
+impl Drain for NoDrain {
+    fn in_flight(&self) -> usize {
+        0
+    }
+}
+
+/// How one service is served.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The binary, for the "listening on" line: `specmesh-verifier`.
+    pub binary: &'static str,
+    /// The gRPC service name health reports (`NamedService::NAME`).
+    pub service: &'static str,
+    /// How long open calls get to finish after the shutdown signal.
+    pub grace: Duration,
+    /// How long, after [`Drain::close`], closing may take before `serve`
+    /// returns anyway.
+    pub close_timeout: Duration,
+    /// HTTP/2 pings on idle connections: a peer that vanished without
+    /// closing (node failure, partition) frees what it held within
+    /// interval + timeout instead of holding it forever.
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
+}
+
+impl ServeConfig {
+    /// The defaults every service starts from.
+    pub fn new(binary: &'static str, service: &'static str, grace: Duration) -> ServeConfig {
+        ServeConfig {
+            binary,
+            service,
+            grace,
+            close_timeout: Duration::from_secs(5),
+            keepalive_interval: Duration::from_secs(20),
+            keepalive_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Binds `addr`; the error names the address.
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))
+}
+
+/// Serves `routes` (plus health and reflection) on `listener` until
+/// `shutdown` resolves, then drains as the module docs say. Prints
+/// `BINARY listening on ADDR` on stdout once serving: launchers wait for it.
+pub async fn serve(
+    listener: TcpListener,
+    routes: Routes,
+    config: ServeConfig,
+    drain: &dyn Drain,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let addr = listener.local_addr().context("reading the bound address")?;
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status(config.service, tonic_health::ServingStatus::Serving)
+        .await;
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let (reflection_v1, reflection_v1alpha) =
+        crate::reflection().context("building the reflection service")?;
+    let routes = routes
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha);
+    let (begin_shutdown, shutdown_begun) = tokio::sync::oneshot::channel::<()>();
+    let incoming = TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(config.keepalive_interval));
+    let server = Server::builder()
+        .http2_keepalive_interval(Some(config.keepalive_interval))
+        .http2_keepalive_timeout(Some(config.keepalive_timeout))
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming, async {
+            let _ = shutdown_begun.await;
+        });
+    tokio::pin!(server);
+    announce(config.binary, addr);
+    tokio::select! {
+        served = &mut server => return served.context("serving gRPC"),
+        () = shutdown => {}
+    }
+
+    tracing::info!(
+        in_flight = drain.in_flight(),
+        grace = ?config.grace,
+        "shutting down: no new calls, running ones get the grace period"
+    );
+    for service in [config.service, ""] {
+        reporter
+            .set_service_status(service, tonic_health::ServingStatus::NotServing)
+            .await;
+    }
+    let _ = begin_shutdown.send(());
+    if let Ok(served) = tokio::time::timeout(config.grace, &mut server).await {
+        tracing::info!("every call ended: stopped");
+        return served.context("serving gRPC");
+    }
+    tracing::warn!(
+        in_flight = drain.in_flight(),
+        "grace period over: ending the calls still running"
+    );
+    drain.close();
+    match tokio::time::timeout(config.close_timeout, &mut server).await {
+        Ok(served) => served.context("serving gRPC"),
+        Err(_) => {
+            tracing::warn!("connections still open after closing: stopping anyway");
+            Ok(())
+        }
+    }
+}
+
+/// Tells a launcher where the service listens (stdout), and the logs.
+fn announce(binary: &str, addr: SocketAddr) {
+    use std::io::Write;
+    tracing::info!(%addr, "listening");
+    let mut out = std::io::stdout().lock();
+    // A closed stdout must not stop the server.
+    let _ = writeln!(out, "{binary} listening on {addr}");
+    let _ = out.flush();
+}

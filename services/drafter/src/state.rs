@@ -1,0 +1,28 @@
+//! What every draft stream of the process shares: the drafters, the
+//! counters, the session slots and the stop signal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, watch};
+
+use crate::drafters::DrafterSet;
+use crate::stats::Stats;
+
+/// What every stream of the process shares.
+#[derive(Debug)]
+pub struct Shared {
+    pub drafters: DrafterSet,
+    pub stats: Arc<Stats>,
+    /// One permit per open stream.
+    pub slots: Arc<Semaphore>,
+    pub max_sessions: usize,
+    pub max_context: usize,
+    /// Pipelined "nothing drafted" trees.
+    pub pipeline: bool,
+    /// How long a new stream may take to send its `start`.
+    pub start_timeout: Duration,
+    /// Becomes `true` when the shutdown grace period is over: open streams
+    /// end with UNAVAILABLE.
+    pub stop: watch::Receiver<bool>,
+}

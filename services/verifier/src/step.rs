@@ -1,0 +1,232 @@
+//! One session's steps, without I/O: which tree each step verifies (the
+//! drafter's, validated, or the root alone) and what a verified step sends
+//! (its `Committed` event to the gateway and, when due, its `StepOutcome`
+//! to the drafter). The `session` module is its I/O shell: it asks the
+//! drafter, runs the batcher, sends the messages. Tests drive this core
+//! in-process, step by step.
+//!
+//! A tree with no nodes may stand for a run of steps (its `span`): the
+//! session verifies the root alone at each without waiting for the drafter
+//! or telling it anything, and reports the whole run in one outcome after
+//! its last step. The gateway sees every step as usual.
+
+use specmesh_engine::{Finish, Step};
+use specmesh_proto::{last_step, tree_from_wire, tree_span, v1};
+use specmesh_tree::{TokenTree, TreeLimits, merge};
+
+use crate::error::VerifierError;
+use crate::report::Report;
+
+/// What the drafter answered for a step.
+#[derive(Debug)]
+pub enum Answer {
+    /// Its tree (possibly one with no nodes standing for a span of steps).
+    Tree(v1::TokenTree),
+    /// Nothing in time: this step verifies the root alone.
+    Late,
+    /// The stream failed: the session goes on without speculation.
+    Lost(String),
+}
+
+/// The tree a step verifies.
+#[derive(Debug)]
+pub struct Planned {
+    pub tree: TokenTree,
+    /// Target top-k per accepted node to report (token recycling); 0
+    /// without a drafter.
+    pub top_k: usize,
+    /// Why the drafter was dropped at this step, when it was.
+    pub dropped: Option<String>,
+}
+
+/// What a verified step sends.
+#[derive(Debug)]
+pub struct Verified {
+    /// To the gateway, every step.
+    pub committed: v1::Committed,
+    /// To the drafter, when its outcome is due.
+    pub outcome: Option<v1::StepOutcome>,
+    /// The session ended at this step.
+    pub finished: bool,
+}
+
+/// Bounds of a session's trees.
+#[derive(Debug, Clone, Copy)]
+pub struct TreeBounds {
+    pub vocab: u32,
+    /// Drafted nodes per tree, at most (0: never draft).
+    pub max_draft: usize,
+    pub max_depth: usize,
+    /// Target top-k reported per accepted node.
+    pub recycle_top_k: usize,
+}
+
+/// A session's step state; see the module docs.
+#[derive(Debug)]
+pub struct Steps {
+    epoch: u64,
+    bounds: TreeBounds,
+    drafting: bool,
+    step: u64,
+    /// The outcome owed to the drafter: set while a span's steps run.
+    report: Option<Report>,
+}
+
+impl Steps {
+    /// A session's first step; `drafting` when a drafter stream is open.
+    pub fn new(epoch: u64, bounds: TreeBounds, drafting: bool) -> Steps {
+        Steps {
+            epoch,
+            bounds,
+            drafting: drafting && bounds.max_draft > 0,
+            step: 0,
+            report: None,
+        }
+    }
+
+    /// The step being planned or verified.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Whether a drafter still drafts for the session.
+    pub fn drafting(&self) -> bool {
+        self.drafting
+    }
+
+    /// Whether this step asks the drafter for a tree: not without one, nor
+    /// inside a span (the drafter drafts nothing there and hears of it when
+    /// the span is over).
+    pub fn wants_tree(&self) -> bool {
+        self.drafting && self.report.is_none()
+    }
+
+    /// The drafter is gone: plain decoding from here on.
+    pub fn drafter_lost(&mut self) {
+        self.drafting = false;
+        self.report = None;
+    }
+
+    /// The tree this step verifies. `answer` is the drafter's when
+    /// [`Steps::wants_tree`] (else ignored); `root` the session's last
+    /// token and `room` the drafted nodes its context still has room for.
+    pub fn plan(
+        &mut self,
+        answer: Option<Answer>,
+        root: u32,
+        room: usize,
+    ) -> Result<Planned, VerifierError> {
+        let mut dropped = None;
+        let tree = if !self.wants_tree() {
+            root_only(root, self.bounds.vocab)?
+        } else {
+            let (tree, through) = match answer.unwrap_or(Answer::Late) {
+                Answer::Late => (root_only(root, self.bounds.vocab)?, self.step),
+                Answer::Lost(why) => {
+                    dropped = Some(format!("draft stream lost: {why}"));
+                    (root_only(root, self.bounds.vocab)?, self.step)
+                }
+                Answer::Tree(wire) => match self.accept(&wire, root, room) {
+                    Ok(planned) => planned,
+                    Err(why) => {
+                        dropped = Some(why);
+                        (root_only(root, self.bounds.vocab)?, self.step)
+                    }
+                },
+            };
+            if dropped.is_some() {
+                self.drafter_lost();
+            } else {
+                self.report = Some(Report::new(self.step, through));
+            }
+            tree
+        };
+        Ok(Planned {
+            tree,
+            top_k: if self.drafting {
+                self.bounds.recycle_top_k
+            } else {
+                0
+            },
+            dropped,
+        })
+    }
+
+    /// The drafter's tree for this step, validated and fitted to `room`,
+    /// with the last step it stands for; `Err`: why the drafter is dropped.
+    fn accept(
+        &self,
+        wire: &v1::TokenTree,
+        root: u32,
+        room: usize,
+    ) -> Result<(TokenTree, u64), String> {
+        let b = self.bounds;
+        let span = tree_span(wire).map_err(|e| format!("the drafter sent an invalid tree: {e}"))?;
+        if wire.nodes.is_empty() {
+            // "Nothing drafted", possibly sent ahead of the last outcome:
+            // its root is not known to the drafter yet, so it is not
+            // checked. A span that started before this step (its tree came
+            // late) covers the rest of it.
+            let through = last_step(wire.step, span).max(self.step);
+            let tree = root_only(root, b.vocab).map_err(|e| e.to_string())?;
+            return Ok((tree, through));
+        }
+        let full = TreeLimits::new(b.max_draft + 1, b.max_depth, b.vocab);
+        let tree = tree_from_wire(wire, full)
+            .map_err(|e| format!("the drafter sent an invalid tree: {e}"))?;
+        if tree.root_token() != root {
+            return Err(format!(
+                "the drafter's tree has root {}, the session's is {root}",
+                tree.root_token()
+            ));
+        }
+        let fit = TreeLimits::new(b.max_draft.min(room) + 1, b.max_depth, b.vocab);
+        if tree.len() > fit.max_nodes {
+            // Near the end of the context: keep the best part that fits.
+            let fitted = merge(&[&tree], fit).map_err(|e| format!("fitting the tree: {e}"))?;
+            return Ok((fitted, self.step));
+        }
+        Ok((tree, self.step))
+    }
+
+    /// Records the verification of the planned tree (`drafted` nodes, in a
+    /// forward of `batch_size` sessions) and moves to the next step.
+    pub fn verified(&mut self, step: &Step, drafted: usize, batch_size: usize) -> Verified {
+        let finished = step.finish.is_some();
+        let committed = v1::Committed {
+            step: self.step,
+            tokens: step.committed.clone(),
+            drafted: drafted as u32,
+            accepted: step.accepted as u32,
+            finished,
+            eos: step.finish == Some(Finish::Eos),
+        };
+        let mut outcome = None;
+        if !finished && let Some(r) = self.report.as_mut() {
+            r.add(step);
+            if r.is_complete() {
+                let r = self.report.take().expect("just added to");
+                outcome = Some(r.into_outcome(batch_size));
+            }
+        }
+        self.step += 1;
+        Verified {
+            committed,
+            outcome,
+            finished,
+        }
+    }
+}
+
+/// The root alone: plain decoding.
+pub fn root_only(root: u32, vocab: u32) -> Result<TokenTree, VerifierError> {
+    TokenTree::root_only(root, TreeLimits::new(1, 0, vocab))
+        .map_err(|e| VerifierError::Internal(format!("the root alone: {e}")))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,187 @@
+//! The step core, driven in-process as the session shell drives it.
+
+use specmesh_engine::{Finish, Step};
+use specmesh_proto::{tree_to_wire, v1};
+use specmesh_tree::{TreeBuilder, TreeLimits};
+use specmesh_verify::Verification;
+
+use super::*;
+
+const BOUNDS: TreeBounds = TreeBounds {
+    vocab: 100,
+    max_draft: 8,
+    max_depth: 4,
+    recycle_top_k: 2,
+};
+
+/// root ─┬─ 11 ── 12
+///       └─ 13
+fn wire_tree(root: u32, step: u64) -> v1::TokenTree {
+    let mut b = TreeBuilder::new(root, TreeLimits::new(9, 4, 100)).unwrap();
+    let a = b.push(0, 11, 0.9).unwrap();
+    b.push(a, 12, 0.8).unwrap();
+    b.push(0, 13, 0.1).unwrap();
+    tree_to_wire(&b.build(), 0, step)
+}
+
+fn nothing(step: u64, span: u32) -> v1::TokenTree {
+    v1::TokenTree {
+        step,
+        span,
+        ..Default::default()
+    }
+}
+
+/// A step that accepted the nodes of `path` (tokens `accepted`), then
+/// `bonus`.
+fn step(path: Vec<usize>, accepted: Vec<u32>, bonus: u32, drafted: usize) -> Step {
+    let mut committed = accepted.clone();
+    committed.push(bonus);
+    Step {
+        committed,
+        drafted,
+        accepted: accepted.len(),
+        verification: Verification {
+            top_k: vec![vec![(bonus, -0.1)]; path.len()],
+            path,
+            accepted,
+            bonus,
+        },
+        finish: None,
+    }
+}
+
+#[test]
+fn without_a_drafter_every_step_is_the_root_alone_and_owes_nothing() {
+    let mut s = Steps::new(3, BOUNDS, false);
+    assert!(!s.wants_tree());
+    let p = s.plan(None, 7, 100).unwrap();
+    assert_eq!((p.tree.len(), p.top_k), (1, 0));
+    assert!(p.dropped.is_none());
+    let v = s.verified(&step(vec![0], vec![], 8, 0), 0, 1);
+    assert_eq!(v.committed.tokens, [8]);
+    assert_eq!(v.committed.step, 0);
+    assert!(v.outcome.is_none() && !v.finished);
+    assert_eq!(s.step(), 1);
+}
+
+#[test]
+fn a_drafted_tree_is_verified_and_its_outcome_reports_the_path() {
+    let mut s = Steps::new(0, BOUNDS, true);
+    assert!(s.wants_tree());
+    let p = s.plan(Some(Answer::Tree(wire_tree(7, 0))), 7, 100).unwrap();
+    assert_eq!((p.tree.len(), p.tree.draft_len(), p.top_k), (4, 3, 2));
+    let v = s.verified(&step(vec![0, 1, 2], vec![11, 12], 40, 3), 3, 2);
+    assert_eq!(v.committed.tokens, [11, 12, 40]);
+    assert_eq!((v.committed.drafted, v.committed.accepted), (3, 2));
+    let o = v.outcome.expect("the outcome is due after its step");
+    assert_eq!((o.step, o.span, o.batch_size), (0, 1, 2));
+    assert_eq!(o.path, [0, 1, 2]);
+    assert_eq!(o.committed, [11, 12, 40]);
+    assert_eq!(o.top_k.len(), 3);
+    assert!(s.wants_tree(), "the next step asks again");
+}
+
+#[test]
+fn a_span_covers_its_steps_without_asking_and_is_reported_once() {
+    let mut s = Steps::new(0, BOUNDS, true);
+    let p = s.plan(Some(Answer::Tree(nothing(0, 3))), 7, 100).unwrap();
+    assert_eq!(p.tree.len(), 1);
+    let mut outcomes = Vec::new();
+    for (i, t) in [(0u64, 8u32), (1, 9), (2, 10)] {
+        if i > 0 {
+            assert!(!s.wants_tree(), "step {i} is inside the span");
+            s.plan(None, t - 1, 100).unwrap();
+        }
+        let v = s.verified(&step(vec![0], vec![], t, 0), 0, 1);
+        outcomes.extend(v.outcome);
+    }
+    assert_eq!(outcomes.len(), 1);
+    let o = &outcomes[0];
+    assert_eq!((o.step, o.span), (2, 3));
+    assert_eq!(o.committed, [8, 9, 10]);
+    assert!(o.path.is_empty());
+    assert!(s.wants_tree());
+}
+
+#[test]
+fn a_span_that_began_earlier_covers_the_rest_of_itself() {
+    let mut s = Steps::new(0, BOUNDS, true);
+    s.plan(Some(Answer::Late), 7, 100).unwrap();
+    s.verified(&step(vec![0], vec![], 8, 0), 0, 1);
+    // Sent for step 0 with a span of 3, arriving at step 1: covers 1..=2.
+    s.plan(Some(Answer::Tree(nothing(0, 3))), 8, 100).unwrap();
+    assert!(
+        s.verified(&step(vec![0], vec![], 9, 0), 0, 1)
+            .outcome
+            .is_none()
+    );
+    s.plan(None, 9, 100).unwrap();
+    let o = s
+        .verified(&step(vec![0], vec![], 10, 0), 0, 1)
+        .outcome
+        .unwrap();
+    assert_eq!((o.step, o.span), (2, 2));
+}
+
+#[test]
+fn a_late_tree_verifies_the_root_and_still_reports_the_step() {
+    let mut s = Steps::new(0, BOUNDS, true);
+    let p = s.plan(Some(Answer::Late), 7, 100).unwrap();
+    assert_eq!(p.tree.len(), 1);
+    assert!(p.dropped.is_none() && s.drafting());
+    let o = s
+        .verified(&step(vec![0], vec![], 8, 0), 0, 1)
+        .outcome
+        .unwrap();
+    assert_eq!((o.step, o.committed.as_slice()), (0, &[8][..]));
+}
+
+#[test]
+fn a_bad_tree_or_a_lost_stream_drops_the_drafter_for_good() {
+    let cases: Vec<(Answer, &str)> = vec![
+        (Answer::Tree(wire_tree(6, 0)), "root 6"),
+        (
+            Answer::Tree(v1::TokenTree {
+                span: 2,
+                ..wire_tree(7, 0)
+            }),
+            "span 2",
+        ),
+        (Answer::Tree(nothing(0, 65)), "over the limit"),
+        (Answer::Lost("reset".into()), "lost: reset"),
+    ];
+    for (answer, why) in cases {
+        let mut s = Steps::new(0, BOUNDS, true);
+        let p = s.plan(Some(answer), 7, 100).unwrap();
+        assert_eq!(p.tree.len(), 1);
+        assert_eq!(p.top_k, 0);
+        let dropped = p.dropped.expect("dropped");
+        assert!(dropped.contains(why), "{dropped} should say {why}");
+        assert!(!s.drafting() && !s.wants_tree());
+        assert!(
+            s.verified(&step(vec![0], vec![], 8, 0), 0, 1)
+                .outcome
+                .is_none()
+        );
+    }
+}
+
+#[test]
+fn a_tree_over_the_room_left_keeps_its_best_part() {
+    let mut s = Steps::new(0, BOUNDS, true);
+    let p = s.plan(Some(Answer::Tree(wire_tree(7, 0))), 7, 1).unwrap();
+    assert_eq!(p.tree.len(), 2, "the root and one node fit");
+    assert_eq!(p.tree.draft_len(), 1);
+}
+
+#[test]
+fn the_last_step_owes_the_drafter_nothing() {
+    let mut s = Steps::new(0, BOUNDS, true);
+    s.plan(Some(Answer::Tree(wire_tree(7, 0))), 7, 100).unwrap();
+    let mut last = step(vec![0, 1], vec![11], 2, 3);
+    last.finish = Some(Finish::Eos);
+    let v = s.verified(&last, 3, 1);
+    assert!(v.finished && v.committed.finished && v.committed.eos);
+    assert!(v.outcome.is_none());
+}

@@ -1,0 +1,151 @@
+//! The edge: a `RunRequest`, converted by `specmesh_proto` (each field well
+//! formed), becomes a [`ValidRun`] here, held to this verifier's model and
+//! limits. Nothing past this module reads a wire request.
+
+use specmesh_proto::field::check_tokens;
+use specmesh_proto::{FieldError, RunSpec, check_top_k, v1};
+use specmesh_sampling::SamplingParams;
+
+use crate::error::VerifierError;
+
+/// What a run is validated against.
+#[derive(Debug, Clone, Copy)]
+pub struct RunLimits {
+    pub vocab: u32,
+    /// The model's context: tokens plus new tokens must fit.
+    pub max_context: usize,
+    /// The verifier's bound on drafted nodes per tree.
+    pub max_draft_tokens: usize,
+}
+
+/// A run every later stage may trust.
+#[derive(Debug, Clone)]
+pub struct ValidRun {
+    pub session_id: String,
+    pub epoch: u64,
+    /// Never empty; every token below the vocabulary.
+    pub tokens: Vec<u32>,
+    /// In `1..=tokens.len()`.
+    pub prompt_len: usize,
+    /// At least 1; `tokens.len() + max_new_tokens` fits the context.
+    pub max_new_tokens: usize,
+    pub params: SamplingParams,
+    pub draft: Option<DraftPlan>,
+    pub cache_key: Option<String>,
+}
+
+/// The drafter a run drafts with.
+#[derive(Debug, Clone)]
+pub struct DraftPlan {
+    pub endpoint: String,
+    /// At least 1, at most the verifier's bound.
+    pub max_draft_tokens: usize,
+    pub tenant: String,
+}
+
+impl ValidRun {
+    /// Validates `r` against `limits`.
+    pub fn from_wire(r: v1::RunRequest, limits: RunLimits) -> Result<ValidRun, VerifierError> {
+        let spec = RunSpec::try_from(r)?;
+        check_tokens("tokens", &spec.tokens, limits.vocab)?;
+        let total = spec.tokens.len() + spec.max_new_tokens;
+        if total > limits.max_context {
+            return Err(FieldError::new(
+                "max_new_tokens",
+                format!(
+                    "({}) + `tokens` ({}) exceed the model's context of {} tokens",
+                    spec.max_new_tokens,
+                    spec.tokens.len(),
+                    limits.max_context
+                ),
+            )
+            .into());
+        }
+        check_top_k(&spec.sampling, limits.vocab as usize)?;
+        // A plan whose bound is 0 on this verifier drafts nothing: no plan.
+        let draft = spec.draft.and_then(|d| {
+            let max = d
+                .max_draft_tokens
+                .map_or(limits.max_draft_tokens, |m| m.min(limits.max_draft_tokens));
+            (max > 0).then_some(DraftPlan {
+                endpoint: d.endpoint,
+                max_draft_tokens: max,
+                tenant: d.tenant,
+            })
+        });
+        Ok(ValidRun {
+            session_id: spec.session_id,
+            epoch: spec.epoch,
+            tokens: spec.tokens,
+            prompt_len: spec.prompt_len,
+            max_new_tokens: spec.max_new_tokens,
+            params: spec.sampling,
+            draft,
+            cache_key: spec.cache_key,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: RunLimits = RunLimits {
+        vocab: 10,
+        max_context: 8,
+        max_draft_tokens: 16,
+    };
+
+    fn request() -> v1::RunRequest {
+        v1::RunRequest {
+            tokens: vec![1, 2, 3],
+            prompt_len: 3,
+            max_new_tokens: 5,
+            draft: Some(v1::DraftPlan {
+                endpoint: "http://127.0.0.1:1".into(),
+                max_draft_tokens: 64,
+                tenant: String::new(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn err(r: v1::RunRequest) -> String {
+        ValidRun::from_wire(r, LIMITS).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_run_that_fits_is_valid_and_its_draft_bound_is_clamped() {
+        let run = ValidRun::from_wire(request(), LIMITS).unwrap();
+        assert_eq!(run.draft.unwrap().max_draft_tokens, 16);
+        let mut r = request();
+        r.draft.as_mut().unwrap().max_draft_tokens = 0;
+        let run = ValidRun::from_wire(r, LIMITS).unwrap();
+        assert_eq!(run.draft.unwrap().max_draft_tokens, 16);
+        let mut r = request();
+        r.draft = None;
+        assert!(ValidRun::from_wire(r, LIMITS).unwrap().draft.is_none());
+    }
+
+    #[test]
+    fn what_the_model_cannot_take_is_refused_with_the_field() {
+        let mut r = request();
+        r.tokens[1] = 10;
+        assert_eq!(err(r), "`tokens[1]` is 10, outside the vocabulary of 10");
+        let mut r = request();
+        r.max_new_tokens = 6;
+        assert_eq!(
+            err(r),
+            "`max_new_tokens` (6) + `tokens` (3) exceed the model's context of 8 tokens"
+        );
+        let mut r = request();
+        r.sampling = Some(v1::SamplingParams {
+            top_k: 11,
+            ..Default::default()
+        });
+        assert!(err(r).starts_with("`sampling.top_k` must be at most the vocabulary size (10)"));
+        let mut r = request();
+        r.prompt_len = 0;
+        assert!(err(r).starts_with("`prompt_len`"));
+    }
+}
