@@ -175,3 +175,4 @@ pub fn error_line(out: &Output) -> String {
 }
 
 pub mod mesh;
+pub mod stats;

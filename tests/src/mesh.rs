@@ -12,6 +12,10 @@ use tonic::transport::Channel;
 
 use crate::{model_path, specmesh_bin};
 
+/// SmolLM2-135M's cost curve as measured (docs/performance.md); measuring
+/// it at every start would add seconds to every test.
+const SMOLLM2_COST_CURVE: &str = "1:1,2:1.26,4:1.85,8:2.99,16:5.02,32:9.5,64:18";
+
 /// A service started by `specmesh up`.
 #[derive(Debug, Clone)]
 pub struct Proc {
@@ -59,14 +63,35 @@ impl Mesh {
         drafters: usize,
         env: &[(&str, &str)],
     ) -> Mesh {
+        let layout = [
+            "--verifiers".to_string(),
+            verifiers.to_string(),
+            "--drafters".to_string(),
+            drafters.to_string(),
+        ];
+        Mesh::start_up(model, cost_curve, &layout, env)
+    }
+
+    /// One verifier and one drafter drafting with `draft_model` (a path or
+    /// a catalog name) besides its model-free drafters.
+    pub fn start_with_draft_model(draft_model: &std::path::Path, env: &[(&str, &str)]) -> Mesh {
+        let args = [
+            "--draft-model".to_string(),
+            draft_model.display().to_string(),
+        ];
+        Mesh::start_up(&model_path(), SMOLLM2_COST_CURVE, &args, env)
+    }
+
+    /// `specmesh up --model MODEL ARGS…`, the verifiers on `cost_curve`.
+    fn start_up(
+        model: &std::path::Path,
+        cost_curve: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Mesh {
         let mut cmd = Command::new(specmesh_bin());
         cmd.args(["up", "--listen", "127.0.0.1:0"])
-            .args([
-                "--verifiers",
-                &verifiers.to_string(),
-                "--drafters",
-                &drafters.to_string(),
-            ])
+            .args(args)
             .arg("--model")
             .arg(model)
             .env("SPECMESH_LOG", "warn")

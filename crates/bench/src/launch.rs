@@ -155,18 +155,38 @@ pub struct Mesh {
     pub gateway: Service,
 }
 
+/// What [`Mesh::start`] starts.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// The target model (a resolved path).
+    pub model: PathBuf,
+    /// The verifiers' compute threads (default: all cores).
+    pub threads: Option<usize>,
+    /// The gateway's address.
+    pub listen: SocketAddr,
+    pub verifiers: usize,
+    pub drafters: usize,
+    /// The drafters' draft model (a catalog name or a path), checked
+    /// against the target's vocabulary when it loads.
+    pub draft_model: Option<PathBuf>,
+    /// How long each service may take to start.
+    pub timeout: Duration,
+}
+
 impl Mesh {
     /// Starts the verifiers and drafters on free loopback ports, then the
-    /// gateway on `listen` in front of them, and waits until every one is
-    /// healthy.
-    pub async fn start(
-        model: PathBuf,
-        threads: Option<usize>,
-        listen: SocketAddr,
-        verifiers: usize,
-        drafters: usize,
-        timeout: Duration,
-    ) -> Result<Mesh> {
+    /// gateway on `layout.listen` in front of them, and waits until every
+    /// one is healthy.
+    pub async fn start(layout: Layout) -> Result<Mesh> {
+        let Layout {
+            model,
+            threads,
+            listen,
+            verifiers,
+            drafters,
+            draft_model,
+            timeout,
+        } = layout;
         anyhow::ensure!(verifiers >= 1, "`--verifiers` must be >= 1");
         let model_arg = model.display().to_string();
         let mut vs = Vec::new();
@@ -183,15 +203,17 @@ impl Mesh {
             vs.push(Service::start("specmesh-verifier", &args, timeout).await?);
         }
         let mut ds = Vec::new();
+        let mut drafter_args: Vec<String> = vec!["--listen".into(), "127.0.0.1:0".into()];
+        if let Some(d) = &draft_model {
+            drafter_args.extend([
+                "--draft-model".into(),
+                d.display().to_string(),
+                "--target-tokenizer".into(),
+                model_arg.clone(),
+            ]);
+        }
         for _ in 0..drafters {
-            ds.push(
-                Service::start(
-                    "specmesh-drafter",
-                    &["--listen".into(), "127.0.0.1:0".into()],
-                    timeout,
-                )
-                .await?,
-            );
+            ds.push(Service::start("specmesh-drafter", &drafter_args, timeout).await?);
         }
         let mut args = vec![
             "--listen".into(),

@@ -26,6 +26,17 @@ impl TryFrom<v1::SamplingParams> for SamplingParams {
     }
 }
 
+impl From<&SamplingParams> for v1::SamplingParams {
+    fn from(p: &SamplingParams) -> v1::SamplingParams {
+        v1::SamplingParams {
+            temperature: p.temperature,
+            top_p: p.top_p,
+            top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+            seed: p.seed,
+        }
+    }
+}
+
 /// Refuses a `sampling.top_k` above the vocabulary size.
 pub fn check_top_k(params: &SamplingParams, vocab: usize) -> Result<(), FieldError> {
     if params.top_k > vocab {
@@ -69,6 +80,8 @@ mod tests {
         })
         .unwrap();
         assert!(check_top_k(&p, 9).is_ok());
+        let back = SamplingParams::try_from(v1::SamplingParams::from(&p)).unwrap();
+        assert_eq!(back, p);
         assert_eq!(check_top_k(&p, 8).unwrap_err().field, "sampling.top_k");
     }
 }

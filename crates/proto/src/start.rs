@@ -3,6 +3,7 @@
 //! own limits (context length).
 
 use specmesh_draft::{CostCurve, PolicyError, TenantKey};
+use specmesh_sampling::SamplingParams;
 
 use crate::field::{FieldError, check_id, check_tokens};
 use crate::limits::{MAX_CURVE_POINTS, MAX_DEPTH, MAX_DRAFT_TOKENS};
@@ -33,6 +34,9 @@ pub struct StartSpec {
     pub curve: CostCurve,
     /// Why `curve` is the default, when it is.
     pub curve_fallback: Option<CurveFallback>,
+    /// The request's sampling; greedy when unset. Its `top_k` is at most
+    /// `vocab`.
+    pub sampling: SamplingParams,
 }
 
 /// Why a session runs on the default cost curve.
@@ -60,6 +64,7 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             max_draft_tokens,
             max_depth,
             cost_curve,
+            sampling,
         } = start;
         check_id("start.session_id", &session_id)?;
         check_id("start.tenant", &tenant)?;
@@ -83,6 +88,10 @@ impl TryFrom<v1::DraftStart> for StartSpec {
                 ),
             ));
         }
+        let sampling = SamplingParams::try_from(sampling.unwrap_or_default())
+            .map_err(|e| FieldError::new(format!("start.{}", e.field), e.reason))?;
+        crate::check_top_k(&sampling, vocab_size as usize)
+            .map_err(|e| FieldError::new(format!("start.{}", e.field), e.reason))?;
         let (curve, curve_fallback) = match curve_from_wire(&cost_curve) {
             Ok(curve) => (curve, None),
             Err(why) => (CostCurve::cpu_default(), Some(why)),
@@ -103,6 +112,7 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             max_depth: (max_depth as usize).min(MAX_DEPTH),
             curve,
             curve_fallback,
+            sampling,
         })
     }
 }

@@ -9,12 +9,13 @@
 //! model configured, a session that gets a model slot adds a
 //! [`ModelDrafter`]; the merge keeps the best-scored nodes of all of them.
 //!
-//! The model drafter runs **greedy** for every session: `DraftStart` does
-//! not carry the request's sampling parameters, and a greedy draft is
-//! still correct under sampling because the verifier's probability-free
-//! acceptance rule is lossless for any candidates (greedy trees carry no
-//! draft distributions); only the acceptance rate of sampled requests is
-//! lower than with a sampled draft.
+//! The model drafter drafts with the request's sampling parameters
+//! (`DraftStart.sampling`): greedy requests get the draft's most likely
+//! children, sampled ones children drawn from the draft's processed
+//! distribution q, sent with the tree so the verifier accepts by recursive
+//! rejection sampling (lossless for any q). Where the merge mixes model and
+//! model-free candidates under one node the distributions are dropped and
+//! the verifier's probability-free rule applies, lossless too.
 //!
 //! A session's output joins the global index when its stream ends (see
 //! [`DrafterSet::index_output`]): written from the drafter's own context,
@@ -55,8 +56,13 @@ impl DrafterSet {
     }
 
     /// The drafter of a new session of `tenant` over a vocabulary of
-    /// `vocab` tokens.
-    pub fn for_session(&self, tenant: &TenantKey, vocab: u32) -> SessionDrafter {
+    /// `vocab` tokens, sampled with `sampling`.
+    pub fn for_session(
+        &self,
+        tenant: &TenantKey,
+        vocab: u32,
+        sampling: &SamplingParams,
+    ) -> SessionDrafter {
         let suffix = match &self.index {
             Some(index) => {
                 SuffixDrafter::with_global(SuffixConfig::default(), index, tenant.clone())
@@ -68,7 +74,11 @@ impl DrafterSet {
             Box::new(suffix),
             Box::new(TokenRecycler::default()),
         ];
-        let model_slot = match self.model.as_ref().and_then(|m| model_drafter(m, vocab)) {
+        let model_slot = match self
+            .model
+            .as_ref()
+            .and_then(|m| model_drafter(m, vocab, sampling))
+        {
             Some((drafter, slot)) => {
                 drafters.push(Box::new(drafter));
                 Some(slot)
@@ -97,13 +107,17 @@ impl DrafterSet {
 
 /// A model drafter and its slot, or `None` (logged) when no slot is free
 /// or the model's vocabulary is not the session's.
-fn model_drafter(m: &DraftModel, vocab: u32) -> Option<(ModelDrafter, OwnedSemaphorePermit)> {
+fn model_drafter(
+    m: &DraftModel,
+    vocab: u32,
+    sampling: &SamplingParams,
+) -> Option<(ModelDrafter, OwnedSemaphorePermit)> {
     let Some(slot) = m.try_slot() else {
         tracing::debug!("every draft model slot is taken: drafting model-free");
         return None;
     };
     let options = DraftOptions::default();
-    match ModelDrafter::new(m.model().clone(), SamplingParams::greedy(), vocab, options) {
+    match ModelDrafter::new(m.model().clone(), sampling.clone(), vocab, options) {
         Ok(d) => {
             tracing::debug!("drafting with the model");
             Some((d, slot))

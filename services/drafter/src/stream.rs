@@ -160,7 +160,10 @@ impl DraftStream {
         if let Some(why) = &spec.curve_fallback {
             tracing::info!(reason = %why, "using the default cost curve");
         }
-        let drafter = self.shared.drafters.for_session(&spec.tenant, spec.vocab);
+        let drafter = self
+            .shared
+            .drafters
+            .for_session(&spec.tenant, spec.vocab, &spec.sampling);
         tracing::info!(
             tokens = spec.tokens.len(),
             prompt_len = spec.prompt_len,

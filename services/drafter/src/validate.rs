@@ -239,6 +239,7 @@ mod tests {
     #[test]
     fn a_good_start_becomes_a_spec_with_the_default_curve() {
         let s = start(wire_start(), 100).unwrap();
+        assert!(s.sampling.is_greedy(), "an unset sampling is greedy");
         assert_eq!(s.tenant.as_str(), ANONYMOUS_TENANT);
         assert_eq!(s.curve, CostCurve::cpu_default());
         assert_eq!(s.curve_fallback, Some(CurveFallback::Missing));
@@ -265,6 +266,24 @@ mod tests {
         assert!(
             bad(|s| s.tenant = "t".repeat(300))
                 .starts_with("`start.tenant` must be at most 128 bytes, got 300")
+        );
+        assert_eq!(
+            bad(|s| {
+                s.sampling = Some(v1::SamplingParams {
+                    temperature: -1.0,
+                    ..Default::default()
+                })
+            }),
+            "`start.sampling.temperature` must be a finite number >= 0, got -1"
+        );
+        assert!(
+            bad(|s| {
+                s.sampling = Some(v1::SamplingParams {
+                    top_k: 11,
+                    ..Default::default()
+                })
+            })
+            .starts_with("`start.sampling.top_k` must be at most the vocabulary size (10)")
         );
         let long = start(wire_start(), 2);
         assert!(err(long).contains("over the drafter's context limit of 2"));

@@ -179,6 +179,7 @@ async fn open_link(v: &State, run: &ValidRun, max_draft: usize) -> Option<DraftL
         max_draft_tokens: max_draft as u32,
         max_depth: v.config.max_tree_depth as u32,
         cost_curve: v.cost_curve_wire(),
+        sampling: Some(v1::SamplingParams::from(&run.params)),
     };
     match DraftLink::open(
         &v.channels,

@@ -26,7 +26,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use specmesh_proto::v1::generation_client::GenerationClient;
 
-use crate::launch::Mesh;
+use crate::launch::{Layout, Mesh};
 use crate::llama_cpp;
 use crate::local::ModelArgs;
 use crate::specbench::{Question, Selection};
@@ -175,14 +175,15 @@ pub fn run(args: Args) -> Result<()> {
     rt.block_on(async move {
         let mesh = if args.up {
             Some(
-                Mesh::start(
-                    args.model.path()?,
-                    args.model.threads,
-                    "127.0.0.1:0".parse()?,
-                    1,
-                    1,
-                    Duration::from_secs(300),
-                )
+                Mesh::start(Layout {
+                    model: args.model.path()?,
+                    threads: args.model.threads,
+                    listen: "127.0.0.1:0".parse()?,
+                    verifiers: 1,
+                    drafters: 1,
+                    draft_model: None,
+                    timeout: Duration::from_secs(300),
+                })
                 .await?,
             )
         } else {

@@ -2,10 +2,11 @@
 //! process talking real gRPC, until Ctrl-C.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
-use specmesh_bench::launch::Mesh;
+use specmesh_bench::launch::{Layout, Mesh};
 use specmesh_bench::local::ModelArgs;
 
 #[derive(clap::Args)]
@@ -21,6 +22,11 @@ pub struct Args {
     /// Drafter processes (0: no speculation).
     #[arg(long, default_value_t = 1)]
     drafters: usize,
+    /// The drafters' draft model: a catalog name (`specmesh model list`) or
+    /// a GGUF file sharing the target's vocabulary (checked at start);
+    /// unset: model-free drafting only.
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
     /// Seconds to wait for each service to start (loading the model and
     /// measuring its cost curve take a few).
     #[arg(long, default_value_t = 120)]
@@ -31,14 +37,15 @@ pub fn run(args: Args) -> Result<()> {
     let model = args.model.path()?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
-        let mesh = Mesh::start(
+        let mesh = Mesh::start(Layout {
             model,
-            args.model.threads,
-            args.listen,
-            args.verifiers,
-            args.drafters,
-            Duration::from_secs(args.start_timeout_secs),
-        )
+            threads: args.model.threads,
+            listen: args.listen,
+            verifiers: args.verifiers,
+            drafters: args.drafters,
+            draft_model: args.draft_model,
+            timeout: Duration::from_secs(args.start_timeout_secs),
+        })
         .await?;
         for s in mesh.verifiers.iter().chain(&mesh.drafters) {
             println!("{} at {} (pid {})", s.name, s.url(), s.pid().unwrap_or(0));

@@ -87,7 +87,10 @@ impl Drafter for Merged {
     /// Every sub-drafter gets the full step budget (each proposes its own
     /// best tree of that size); the merge then keeps the best nodes overall.
     /// A sub-tree that does not fit the step (wrong root, a token outside
-    /// the vocabulary) is dropped rather than spoiling the others.
+    /// the vocabulary) is dropped rather than spoiling the others, and one
+    /// that drafted nothing is left out: a lone drafted tree keeps its draft
+    /// distributions (a sampled model tree with them is verified by
+    /// rejection sampling), which a merge with root-only trees would drop.
     fn propose(&mut self, ctx: &DraftContext<'_>) -> TokenTree {
         let Some(root) = checked_root(ctx) else {
             return fallback(ctx);
@@ -96,7 +99,7 @@ impl Drafter for Merged {
         self.trees.clear();
         for d in &mut self.drafters {
             let t = d.propose(ctx);
-            if t.root_token() == root && t.tokens().iter().all(|&x| x < vocab) {
+            if t.len() > 1 && t.root_token() == root && t.tokens().iter().all(|&x| x < vocab) {
                 self.trees.push(t);
             }
         }

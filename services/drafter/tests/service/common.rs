@@ -218,6 +218,7 @@ pub fn draft_start(
         max_draft_tokens,
         max_depth,
         cost_curve: Vec::new(),
+        sampling: None,
     }
 }
 
