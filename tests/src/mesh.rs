@@ -208,6 +208,28 @@ pub async fn spec_and_off(
     (spec, off)
 }
 
+/// The sampling tests' request: a prompt whose first words vary a lot,
+/// `tokens` new tokens sampled at `temperature` / `top_p` with `seed`.
+pub fn sampled_request(
+    temperature: f32,
+    top_p: f32,
+    seed: u64,
+    tokens: u32,
+) -> v1::GenerateRequest {
+    v1::GenerateRequest {
+        sampling: Some(v1::SamplingParams {
+            temperature,
+            top_p,
+            top_k: 0,
+            seed,
+        }),
+        ..chat_request(
+            "Write one word that comes to your mind, then a short sentence with it.",
+            tokens,
+        )
+    }
+}
+
 pub fn without_speculation(mut r: v1::GenerateRequest) -> v1::GenerateRequest {
     r.speculation = Some(v1::SpeculationParams {
         mode: v1::SpeculationMode::Off as i32,

@@ -12,7 +12,7 @@
 //! with and without speculation, at a false-alarm rate of 0.1% per test,
 //! at temperature 1 and at temperature 0.7 with top-p 0.9.
 
-use specmesh_e2e::mesh::{Mesh, chat_request, without_speculation};
+use specmesh_e2e::mesh::{Mesh, sampled_request, without_speculation};
 use specmesh_e2e::model_path;
 use specmesh_e2e::stats::{chi2_999, homogeneity};
 use specmesh_proto::v1;
@@ -21,18 +21,7 @@ const SEEDS: u64 = 200;
 const TOKENS: u32 = 3;
 
 fn sampled(temperature: f32, top_p: f32, seed: u64) -> v1::GenerateRequest {
-    v1::GenerateRequest {
-        sampling: Some(v1::SamplingParams {
-            temperature,
-            top_p,
-            top_k: 0,
-            seed,
-        }),
-        ..chat_request(
-            "Write one word that comes to your mind, then a short sentence with it.",
-            TOKENS,
-        )
-    }
+    sampled_request(temperature, top_p, seed, TOKENS)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@
 //! implies, a chi-square homogeneity test of the first-token distributions
 //! at a false-alarm rate of 0.1%.
 
-use specmesh_e2e::mesh::{Mesh, chat_request, without_speculation};
+use specmesh_e2e::mesh::{Mesh, sampled_request, without_speculation};
 use specmesh_e2e::stats::{chi2_999, homogeneity};
 use specmesh_proto::v1;
 
@@ -16,18 +16,7 @@ const SEEDS: u64 = 200;
 const TOKENS: u32 = 3;
 
 fn sampled(seed: u64) -> v1::GenerateRequest {
-    v1::GenerateRequest {
-        sampling: Some(v1::SamplingParams {
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            seed,
-        }),
-        ..chat_request(
-            "Write one word that comes to your mind, then a short sentence with it.",
-            TOKENS,
-        )
-    }
+    sampled_request(1.0, 1.0, seed, TOKENS)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
