@@ -19,7 +19,8 @@
 //! ([`attn::AttnKernel::select`]), like its matmuls: `Isa::Scalar` gives
 //! portable attention too.
 
-use specmesh_kernels::{Isa, attn, vec};
+use specmesh_kernels::attn::{self, AttnKernel};
+use specmesh_kernels::vec;
 
 use crate::block::Block;
 use crate::sequence::Sequence;
@@ -39,8 +40,8 @@ pub(crate) struct Shape {
     pub kv_dim: usize,
     /// Row stride of the fused QKV buffer.
     pub qkv_stride: usize,
-    /// The model's kernel ISA, which picks the attention kernel too.
-    pub isa: Isa,
+    /// The attention kernel, picked once from the model's kernel ISA.
+    pub kernel: AttnKernel,
 }
 
 /// Output buffer shared across tasks that each write their own heads.
@@ -77,7 +78,7 @@ pub(crate) fn run_tasks(
     out: OutPtr,
     range: std::ops::Range<usize>,
 ) {
-    let (d, isa) = (shape.head_dim, shape.isa);
+    let (d, kernel) = (shape.head_dim, shape.kernel);
     let scale = 1.0 / (d as f32).sqrt();
     let per_group = shape.n_heads / shape.n_kv_heads;
     let parts = parts(items, shape, threads);
@@ -134,12 +135,20 @@ pub(crate) fn run_tasks(
             let c1 = (c0 + chunk).min(len);
             for q in queries.clone() {
                 let s = &mut scores[q][c0..c1];
-                attn::qk_scores(isa, query(q), kc, shape.kv_dim, &prefix[c0..c1], scale, s);
+                attn::qk_scores(
+                    kernel,
+                    query(q),
+                    kc,
+                    shape.kv_dim,
+                    &prefix[c0..c1],
+                    scale,
+                    s,
+                );
             }
         }
         for q in queries.clone() {
             let s = &mut scores[q][len..];
-            attn::qk_scores(isa, query(q), kc, shape.kv_dim, &tails[q % n], scale, s);
+            attn::qk_scores(kernel, query(q), kc, shape.kv_dim, &tails[q % n], scale, s);
             vec::softmax(&mut scores[q]);
             dst(q).fill(0.0);
         }
@@ -147,12 +156,12 @@ pub(crate) fn run_tasks(
             let c1 = (c0 + chunk).min(len);
             for q in queries.clone() {
                 let p = &scores[q][c0..c1];
-                attn::pv_accumulate(isa, p, vc, shape.kv_dim, &prefix[c0..c1], dst(q));
+                attn::pv_accumulate(kernel, p, vc, shape.kv_dim, &prefix[c0..c1], dst(q));
             }
         }
         for q in queries {
             attn::pv_accumulate(
-                isa,
+                kernel,
                 &scores[q][len..],
                 vc,
                 shape.kv_dim,

@@ -99,7 +99,7 @@ pub(crate) fn run(
         head_dim: d,
         kv_dim: kvd,
         qkv_stride,
-        isa,
+        kernel: m.attention_kernel(),
     };
 
     for (l, w) in m.weights.layers[..m.n_layers].iter().enumerate() {
