@@ -96,6 +96,33 @@ pub fn model_path() -> PathBuf {
     path
 }
 
+/// The token ids `specmesh generate --local --chat` decodes greedily for
+/// `text` on `model` (a path or a catalog name): plain decoding, the
+/// reference a speculative output must equal.
+pub fn local_greedy(model: &OsStr, text: &str, max_new_tokens: u32) -> Vec<u32> {
+    let max = max_new_tokens.to_string();
+    let out = run([
+        "generate".as_ref(),
+        "--local".as_ref(),
+        "--chat".as_ref(),
+        "--json".as_ref(),
+        "--threads".as_ref(),
+        "2".as_ref(),
+        "--max-new-tokens".as_ref(),
+        OsStr::new(&max),
+        "--model".as_ref(),
+        model,
+        text.as_ref(),
+    ]);
+    let v: serde_json::Value = serde_json::from_str(stdout_ok(&out).trim()).expect("JSON output");
+    v["token_ids"]
+        .as_array()
+        .expect("token_ids")
+        .iter()
+        .map(|t| t.as_u64().expect("a token id") as u32)
+        .collect()
+}
+
 /// Runs `specmesh ARGS` to completion with a clean environment for the
 /// variables the CLI reads, so the caller's shell cannot change the result.
 pub fn run<I, S>(args: I) -> Output

@@ -4,30 +4,11 @@
 //! clients each get their own correct output.
 
 use specmesh_e2e::mesh::{Mesh, bench_prompts, chat_request, spec_and_off};
-use specmesh_e2e::{run, stdout_ok};
 
 const MAX_NEW: u32 = 40;
 
 fn local_plain(text: &str) -> Vec<u32> {
-    let model = specmesh_e2e::model_path();
-    let out = run([
-        "generate".as_ref(),
-        "--local".as_ref(),
-        "--chat".as_ref(),
-        "--json".as_ref(),
-        "--max-new-tokens".as_ref(),
-        MAX_NEW.to_string().as_ref(),
-        "--model".as_ref(),
-        model.as_os_str(),
-        text.as_ref(),
-    ]);
-    let v: serde_json::Value = serde_json::from_str(stdout_ok(&out).trim()).expect("JSON output");
-    v["token_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect()
+    specmesh_e2e::local_greedy(specmesh_e2e::model_path().as_os_str(), text, MAX_NEW)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,6 @@
 //! gateway and in-process; the verifier holds the model in under 1.4 GB.
 
 use specmesh_e2e::mesh::{Mesh, spec_and_off};
-use specmesh_e2e::{run, stdout_ok};
 
 const MAX_NEW: u32 = 48;
 
@@ -17,26 +16,7 @@ const COST_CURVE: &str = "1:1,2:1.21,4:1.5,8:2.41,16:4.37,32:8.5,64:17";
 const EDIT: &str = "Rename the variable `total` to `acc` in this function and return only the code:\n\n```python\ndef add_all(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n```";
 
 fn local_plain(text: &str) -> Vec<u32> {
-    let out = run([
-        "generate",
-        "--local",
-        "--chat",
-        "--json",
-        "--threads",
-        "2",
-        "--max-new-tokens",
-        &MAX_NEW.to_string(),
-        "--model",
-        "qwen2.5-coder-1.5b",
-        text,
-    ]);
-    let v: serde_json::Value = serde_json::from_str(stdout_ok(&out).trim()).expect("JSON output");
-    v["token_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect()
+    specmesh_e2e::local_greedy(std::ffi::OsStr::new("qwen2.5-coder-1.5b"), text, MAX_NEW)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
