@@ -202,4 +202,5 @@ pub fn error_line(out: &Output) -> String {
 }
 
 pub mod mesh;
+pub mod service;
 pub mod stats;

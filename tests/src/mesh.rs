@@ -230,6 +230,15 @@ pub fn sampled_request(
     }
 }
 
+/// The same request with speculation in `mode`.
+pub fn with_mode(mut r: v1::GenerateRequest, mode: v1::SpeculationMode) -> v1::GenerateRequest {
+    r.speculation = Some(v1::SpeculationParams {
+        mode: mode as i32,
+        max_draft_tokens: 0,
+    });
+    r
+}
+
 pub fn without_speculation(mut r: v1::GenerateRequest) -> v1::GenerateRequest {
     r.speculation = Some(v1::SpeculationParams {
         mode: v1::SpeculationMode::Off as i32,

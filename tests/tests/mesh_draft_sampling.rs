@@ -12,7 +12,7 @@
 //! with and without speculation, at a false-alarm rate of 0.1% per test,
 //! at temperature 1 and at temperature 0.7 with top-p 0.9.
 
-use specmesh_e2e::mesh::{Mesh, sampled_request, without_speculation};
+use specmesh_e2e::mesh::{Mesh, sampled_request, with_mode, without_speculation};
 use specmesh_e2e::model_path;
 use specmesh_e2e::stats::{chi2_999, homogeneity};
 use specmesh_proto::v1;
@@ -20,15 +20,26 @@ use specmesh_proto::v1;
 const SEEDS: u64 = 200;
 const TOKENS: u32 = 3;
 
+/// With the draft model only: the test is about its sampled trees.
 fn sampled(temperature: f32, top_p: f32, seed: u64) -> v1::GenerateRequest {
-    sampled_request(temperature, top_p, seed, TOKENS)
+    with_mode(
+        sampled_request(temperature, top_p, seed, TOKENS),
+        v1::SpeculationMode::DraftModel,
+    )
 }
+
+/// A verify cost that barely grows with the tree, so the policy drafts with
+/// the self-draft however its forward compares to the target's.
+const FLAT_CURVE: &str = "1:1,2:1.01,4:1.02,8:1.04,16:1.08,32:1.16,64:1.32";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draft_model_sampling_follows_the_target() {
     let mesh = Mesh::start_with_draft_model(
         &model_path(),
-        &[("SPECMESH_DRAFTER_SELF_DRAFT_LAYERS", "8")],
+        &[
+            ("SPECMESH_DRAFTER_SELF_DRAFT_LAYERS", "8"),
+            ("SPECMESH_VERIFIER_COST_CURVE", FLAT_CURVE),
+        ],
     );
     let mut client = mesh.client().await;
     for (temperature, top_p) in [(1.0, 1.0), (0.7, 0.9)] {

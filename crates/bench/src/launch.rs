@@ -169,6 +169,11 @@ pub struct Layout {
     /// The drafters' draft model (a catalog name or a path), checked
     /// against the target's vocabulary when it loads.
     pub draft_model: Option<PathBuf>,
+    /// `--cpus` of the verifiers and of the drafters (default: every core).
+    pub verifier_cpus: Option<String>,
+    pub drafter_cpus: Option<String>,
+    /// The draft model's compute threads (default: every core it may use).
+    pub drafter_threads: Option<usize>,
     /// How long each service may take to start.
     pub timeout: Duration,
 }
@@ -185,6 +190,9 @@ impl Mesh {
             verifiers,
             drafters,
             draft_model,
+            verifier_cpus,
+            drafter_cpus,
+            drafter_threads,
             timeout,
         } = layout;
         anyhow::ensure!(verifiers >= 1, "`--verifiers` must be >= 1");
@@ -200,6 +208,9 @@ impl Mesh {
             if let Some(t) = threads {
                 args.extend(["--threads".into(), t.to_string()]);
             }
+            if let Some(c) = &verifier_cpus {
+                args.extend(["--cpus".into(), c.clone()]);
+            }
             vs.push(Service::start("specmesh-verifier", &args, timeout).await?);
         }
         let mut ds = Vec::new();
@@ -211,6 +222,12 @@ impl Mesh {
                 "--target-tokenizer".into(),
                 model_arg.clone(),
             ]);
+            if let Some(t) = drafter_threads {
+                drafter_args.extend(["--draft-model-threads".into(), t.to_string()]);
+            }
+        }
+        if let Some(c) = &drafter_cpus {
+            drafter_args.extend(["--cpus".into(), c.clone()]);
         }
         for _ in 0..drafters {
             ds.push(Service::start("specmesh-drafter", &drafter_args, timeout).await?);

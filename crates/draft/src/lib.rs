@@ -21,7 +21,8 @@ pub use adaptive::Adaptive;
 pub use lookup::{LookupConfig, PromptLookup};
 pub use merged::Merged;
 pub use policy::{
-    AcceptanceStats, Budget, CostCurve, Decision, PolicyConfig, PolicyError, SpecPolicy, StepTiming,
+    AcceptanceStats, Arm, Arms, Budget, CostCurve, Decision, PolicyConfig, PolicyError, Sources,
+    SpecPolicy, StepTiming,
 };
 pub use recycle::{RecycleConfig, TokenRecycler};
 pub use specmesh_tree::{TokenTree, TreeLimits};

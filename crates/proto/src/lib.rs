@@ -20,7 +20,10 @@ pub use field::FieldError;
 pub use limits::{MAX_TREE_SPAN, last_step};
 pub use run::{RunDraft, RunSpec};
 pub use sampling::check_top_k;
-pub use start::{ANONYMOUS_TENANT, CurveFallback, StartSpec};
+pub use start::{
+    ANONYMOUS_TENANT, CurveFallback, MAX_MODEL_NAME_BYTES, StartSpec, TargetModel,
+    sources_from_wire,
+};
 
 /// Generated messages, clients and servers of package `specmesh.v1`.
 pub mod v1 {

@@ -2,6 +2,7 @@
 //! verifier then checks it against its model (vocabulary, context) and its
 //! limits.
 
+use specmesh_draft::Sources;
 use specmesh_sampling::SamplingParams;
 
 use crate::field::{FieldError, check_id};
@@ -35,6 +36,8 @@ pub struct RunDraft {
     /// verifier's own.
     pub max_draft_tokens: Option<usize>,
     pub tenant: String,
+    /// What the drafter drafts with.
+    pub sources: Sources,
 }
 
 impl TryFrom<v1::RunRequest> for RunSpec {
@@ -66,7 +69,9 @@ impl TryFrom<v1::RunRequest> for RunSpec {
                     ));
                 }
                 check_id("draft.tenant", &d.tenant)?;
+                let sources = crate::sources_from_wire("draft.sources", d.sources)?;
                 Some(RunDraft {
+                    sources,
                     endpoint: d.endpoint,
                     max_draft_tokens: (d.max_draft_tokens > 0)
                         .then_some(d.max_draft_tokens as usize),
@@ -109,11 +114,14 @@ mod tests {
             endpoint: "http://127.0.0.1:9".into(),
             max_draft_tokens: 0,
             tenant: "t".into(),
+            sources: v1::DraftSources::Combined as i32,
         });
         let s = RunSpec::try_from(r).unwrap();
         assert_eq!((s.prompt_len, s.max_new_tokens), (2, 4));
         assert_eq!(s.cache_key, None);
-        assert_eq!(s.draft.unwrap().max_draft_tokens, None);
+        let draft = s.draft.unwrap();
+        assert_eq!(draft.max_draft_tokens, None);
+        assert_eq!(draft.sources, Sources::Combined);
     }
 
     #[test]
@@ -156,6 +164,14 @@ mod tests {
                 ..Default::default()
             }))
             .starts_with("`draft.endpoint` is not a URI")
+        );
+        assert!(
+            bad(|r| r.draft = Some(v1::DraftPlan {
+                endpoint: "http://127.0.0.1:9".into(),
+                sources: 9,
+                ..Default::default()
+            }))
+            .starts_with("`draft.sources` is 9, not a DraftSources value")
         );
     }
 }

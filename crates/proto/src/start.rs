@@ -2,12 +2,15 @@
 //! draft for, checked on its own. The drafter then checks it against its
 //! own limits (context length).
 
-use specmesh_draft::{CostCurve, PolicyError, TenantKey};
+use specmesh_draft::{CostCurve, PolicyError, Sources, TenantKey};
 use specmesh_sampling::SamplingParams;
 
 use crate::field::{FieldError, check_id, check_tokens};
 use crate::limits::{MAX_CURVE_POINTS, MAX_DEPTH, MAX_DRAFT_TOKENS};
 use crate::v1;
+
+/// Longest `target_model` accepted: a path, with room to spare.
+pub const MAX_MODEL_NAME_BYTES: usize = 4096;
 
 /// The tenant of a start whose `tenant` is empty. A tenant that really is
 /// named "anonymous" shares its index; the gateway never issues that name.
@@ -37,6 +40,70 @@ pub struct StartSpec {
     /// The request's sampling; greedy when unset. Its `top_k` is at most
     /// `vocab`.
     pub sampling: SamplingParams,
+    /// What to draft with.
+    pub sources: Sources,
+    /// The target model the verifier holds.
+    pub target: TargetModel,
+}
+
+/// The verifier's target model, as a drafter checks its draft model
+/// against it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TargetModel {
+    /// As the verifier was told it (a catalog name or a path); may be
+    /// empty (an older verifier).
+    pub name: String,
+    /// Fingerprint of the target's vocabulary, when the verifier sent one.
+    pub vocab_fingerprint: Option<u64>,
+    /// Seconds of one target forward over one token, when sent.
+    pub step_seconds: Option<f64>,
+}
+
+impl TargetModel {
+    /// The name for messages: "the target" when the verifier sent none.
+    pub fn display_name(&self) -> &str {
+        if self.name.is_empty() {
+            "the verifier's target"
+        } else {
+            &self.name
+        }
+    }
+}
+
+impl From<v1::DraftSources> for Sources {
+    fn from(s: v1::DraftSources) -> Sources {
+        match s {
+            v1::DraftSources::Auto => Sources::Auto,
+            v1::DraftSources::ModelFree => Sources::ModelFree,
+            v1::DraftSources::DraftModel => Sources::DraftModel,
+            v1::DraftSources::Combined => Sources::Combined,
+        }
+    }
+}
+
+impl From<Sources> for v1::DraftSources {
+    fn from(s: Sources) -> v1::DraftSources {
+        match s {
+            Sources::Auto => v1::DraftSources::Auto,
+            Sources::ModelFree => v1::DraftSources::ModelFree,
+            Sources::DraftModel => v1::DraftSources::DraftModel,
+            Sources::Combined => v1::DraftSources::Combined,
+        }
+    }
+}
+
+/// `sources` from the wire; `field` names it in the error.
+pub fn sources_from_wire(field: &str, sources: i32) -> Result<Sources, FieldError> {
+    v1::DraftSources::try_from(sources)
+        .map(Sources::from)
+        .map_err(|_| {
+            FieldError::new(
+                field,
+                format!(
+                    "is {sources}, not a DraftSources value (0 auto, 1 model-free, 2 draft model, 3 combined)"
+                ),
+            )
+        })
 }
 
 /// Why a session runs on the default cost curve.
@@ -65,9 +132,34 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             max_depth,
             cost_curve,
             sampling,
+            sources,
+            target_model,
+            target_vocab_fingerprint,
+            target_step_seconds,
         } = start;
         check_id("start.session_id", &session_id)?;
         check_id("start.tenant", &tenant)?;
+        let sources = sources_from_wire("start.sources", sources)?;
+        if target_model.len() > MAX_MODEL_NAME_BYTES {
+            return Err(FieldError::new(
+                "start.target_model",
+                format!(
+                    "is {} bytes long, over the limit of {MAX_MODEL_NAME_BYTES}",
+                    target_model.len()
+                ),
+            ));
+        }
+        if !(target_step_seconds.is_finite() && target_step_seconds >= 0.0) {
+            return Err(FieldError::new(
+                "start.target_step_seconds",
+                format!("is {target_step_seconds}: must be a finite number >= 0 (0: unknown)"),
+            ));
+        }
+        let target = TargetModel {
+            name: target_model,
+            vocab_fingerprint: (target_vocab_fingerprint != 0).then_some(target_vocab_fingerprint),
+            step_seconds: (target_step_seconds > 0.0).then_some(target_step_seconds),
+        };
         if vocab_size == 0 {
             return Err(FieldError::new("start.vocab_size", "must be >= 1, got 0"));
         }
@@ -113,6 +205,8 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             curve,
             curve_fallback,
             sampling,
+            sources,
+            target,
         })
     }
 }

@@ -51,6 +51,26 @@ pub struct ServerArgs {
     /// NOT_SERVING at once.
     #[arg(long)]
     pub shutdown_grace_secs: u64,
+    /// CPU cores to run on, e.g. `0`, `0-3`, `0,2` (default: every core).
+    /// Compute threads then default to their number; see `--threads`.
+    #[arg(long)]
+    pub cpus: Option<crate::affinity::CpuList>,
+}
+
+impl ServerArgs {
+    /// Applies `--cpus` to the process, if given: call first thing in
+    /// `main`, before loading anything.
+    pub fn pin(&self) -> anyhow::Result<()> {
+        match &self.cpus {
+            Some(cpus) => {
+                cpus.apply()
+                    .map_err(|e| anyhow::anyhow!("`--cpus {cpus}`: {e}"))?;
+                tracing::info!(%cpus, "pinned to CPUs");
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
 }
 
 /// A flag's value outside its range; the message names the flag.
@@ -166,6 +186,7 @@ mod tests {
         assert_eq!(
             vars,
             [
+                "SPECMESH_WIDGET_CPUS",
                 "SPECMESH_WIDGET_LISTEN",
                 "SPECMESH_WIDGET_MAX_THINGS",
                 "SPECMESH_WIDGET_SHUTDOWN_GRACE_SECS",
@@ -173,5 +194,9 @@ mod tests {
         );
         let err = try_parse_from::<Args, _, _>(&SVC, ["widget", "--max-things", "x"]).unwrap_err();
         assert!(err.to_string().contains("--max-things"), "{err}");
+        let a: Args = try_parse_from(&SVC, ["widget", "--cpus", "0-1"]).unwrap();
+        assert_eq!(a.server.cpus.unwrap().ids(), [0, 1]);
+        let err = try_parse_from::<Args, _, _>(&SVC, ["widget", "--cpus", "1-0"]).unwrap_err();
+        assert!(err.to_string().contains("is empty"), "{err}");
     }
 }

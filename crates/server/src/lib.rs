@@ -3,10 +3,11 @@
 //! [`serve`]: bind, health, reflection, keepalive, the "listening on" line
 //! and the graceful drain; [`client`]: channels to a peer service;
 //! [`shutdown`]: the signals; [`telemetry`]: tracing with trace-context
-//! propagation.
+//! propagation; [`affinity`]: `--cpus`.
 
 #![forbid(unsafe_code)]
 
+pub mod affinity;
 pub mod cli;
 pub mod client;
 pub mod serve;

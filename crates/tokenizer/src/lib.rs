@@ -289,6 +289,17 @@ impl Tokenizer {
         self.inner.pieces.len()
     }
 
+    /// A 64-bit fingerprint of the vocabulary: every id's piece, in id
+    /// order (FNV-1a over the pieces with a separator, an unused id marked
+    /// apart from an empty piece). Two tokenizers that map every id to the
+    /// same piece ([`Self::token_piece`]) have the same fingerprint, so a
+    /// drafter can check a verifier's target against its draft model
+    /// without the whole vocabulary on the wire. Never 0 (0 means
+    /// "unknown" on the wire).
+    pub fn vocab_fingerprint(&self) -> u64 {
+        vocab_fingerprint(self.inner.pieces.iter().map(Option::as_deref))
+    }
+
     pub fn bos_token_id(&self) -> Option<u32> {
         self.inner.bos
     }
@@ -368,9 +379,50 @@ impl Tokenizer {
     }
 }
 
+/// [`Tokenizer::vocab_fingerprint`] over a piece list (`None`: an unused
+/// id).
+pub fn vocab_fingerprint<'a>(pieces: impl IntoIterator<Item = Option<&'a str>>) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h = OFFSET;
+    let mut eat = |b: u8| {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(PRIME);
+    };
+    for piece in pieces {
+        match piece {
+            // 0xFF and 0xFE never occur in UTF-8: unambiguous separators.
+            Some(p) => p.bytes().chain([0xFF]).for_each(&mut eat),
+            None => eat(0xFE),
+        }
+    }
+    h.max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fingerprint_tells_vocabularies_apart() {
+        let a = [Some("a"), None, Some("Ġb")];
+        assert_eq!(vocab_fingerprint(a), vocab_fingerprint(a));
+        assert_ne!(
+            vocab_fingerprint(a),
+            vocab_fingerprint([Some("a"), Some(""), Some("Ġb")])
+        );
+        assert_ne!(
+            vocab_fingerprint(a),
+            vocab_fingerprint([Some("a"), None, Some("Ġc")])
+        );
+        assert_ne!(vocab_fingerprint(a), vocab_fingerprint([Some("a"), None]));
+        // Pieces do not run together: "ab","c" is not "a","bc".
+        assert_ne!(
+            vocab_fingerprint([Some("ab"), Some("c")]),
+            vocab_fingerprint([Some("a"), Some("bc")])
+        );
+        assert_ne!(vocab_fingerprint([]), 0);
+    }
 
     #[test]
     fn handles_are_shareable_across_threads() {

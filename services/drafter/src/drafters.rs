@@ -6,8 +6,11 @@
 //! tenant's shard of the global index) and token recycling; they are
 //! complementary (quoting the prompt, repeating earlier sessions, the
 //! target's own recent preferences) and cost microseconds. With a draft
-//! model configured, a session that gets a model slot adds a
-//! [`ModelDrafter`]; the merge keeps the best-scored nodes of all of them.
+//! model configured, a session that gets a model slot also gets a
+//! [`ModelDrafter`]. Each step drafts with one [`Arm`]: the model-free
+//! drafters, the model, or both merged (the merge keeps the best-scored
+//! nodes of all of them); the session's policy chooses the arm among those
+//! the request's [`Sources`] allow.
 //!
 //! The model drafter drafts with the request's sampling parameters
 //! (`DraftStart.sampling`): greedy requests get the draft's most likely
@@ -26,14 +29,16 @@
 use std::fmt;
 
 use specmesh_draft::{
-    Drafter, GlobalConfig, GlobalSuffixIndex, Merged, PromptLookup, SuffixConfig, SuffixDrafter,
-    TenantKey, TokenRecycler,
+    Arm, DraftContext, Drafter, Feedback, GlobalConfig, GlobalSuffixIndex, Merged, PromptLookup,
+    Sources, SuffixConfig, SuffixDrafter, TenantKey, TokenRecycler, TokenTree,
 };
-use specmesh_draft_model::{DraftOptions, ModelDrafter};
+use specmesh_draft_model::{DraftOptions, DrafterStats, ModelDrafter};
+use specmesh_proto::TargetModel;
 use specmesh_sampling::SamplingParams;
+use specmesh_tree::merge;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::model::DraftModel;
+use crate::model::{DraftModel, ModelRefusal};
 
 /// The process-wide drafting state every session draws on.
 #[derive(Debug)]
@@ -56,39 +61,56 @@ impl DrafterSet {
     }
 
     /// The drafter of a new session of `tenant` over a vocabulary of
-    /// `vocab` tokens, sampled with `sampling`.
+    /// `vocab` tokens, sampled with `sampling`, drafting with `sources`
+    /// for `target`. Refused when the sources need the draft model and
+    /// there is none, or when the draft model's vocabulary is not the
+    /// target's (checked whenever the session might use the model,
+    /// automatic choice included: a mismatch is a deployment error to fix,
+    /// not something to route around in silence).
     pub fn for_session(
         &self,
         tenant: &TenantKey,
         vocab: u32,
         sampling: &SamplingParams,
-    ) -> SessionDrafter {
+        sources: Sources,
+        target: &TargetModel,
+    ) -> Result<SessionDrafter, ModelRefusal> {
         let suffix = match &self.index {
             Some(index) => {
                 SuffixDrafter::with_global(SuffixConfig::default(), index, tenant.clone())
             }
             None => SuffixDrafter::new(SuffixConfig::default()),
         };
-        let mut drafters: Vec<Box<dyn Drafter>> = vec![
+        let drafters: Vec<Box<dyn Drafter>> = vec![
             Box::new(PromptLookup::default()),
             Box::new(suffix),
             Box::new(TokenRecycler::default()),
         ];
-        let model_slot = match self
+        let mut arms = sources.arms(self.model.is_some());
+        if arms.is_empty() {
+            return Err(ModelRefusal::NoModel);
+        }
+        let mut model = None;
+        let mut forward_secs = None;
+        if let Some(m) = self
             .model
             .as_ref()
-            .and_then(|m| model_drafter(m, vocab, sampling))
+            .filter(|_| arms.iter().any(|a| a.uses_model()))
         {
-            Some((drafter, slot)) => {
-                drafters.push(Box::new(drafter));
-                Some(slot)
+            m.check_target(target, vocab)?;
+            model = model_drafter(m, vocab, sampling);
+            forward_secs = m.forward_secs();
+            if model.is_none() {
+                // No slot: the session drafts model-free rather than not at all.
+                arms = vec![Arm::ModelFree];
             }
-            None => None,
-        };
-        SessionDrafter {
-            merged: Merged::new(drafters),
-            model_slot,
         }
+        Ok(SessionDrafter {
+            free: Merged::new(drafters),
+            model,
+            arms,
+            forward_secs,
+        })
     }
 
     /// Adds a finished session's output to its tenant's part of the global
@@ -129,29 +151,78 @@ fn model_drafter(
     }
 }
 
-/// One session's drafter: the merge of its sub-drafters, holding its model
-/// slot (if any) for as long as the session lives.
+/// One session's drafter: its model-free drafters (merged), its model
+/// drafter and slot (if any, held for as long as the session lives), and
+/// the arms its policy chooses among.
 pub struct SessionDrafter {
-    merged: Merged,
-    model_slot: Option<OwnedSemaphorePermit>,
+    free: Merged,
+    model: Option<(ModelDrafter, OwnedSemaphorePermit)>,
+    arms: Vec<Arm>,
+    /// The draft model's measured seconds per forward, when known.
+    forward_secs: Option<f64>,
 }
 
 impl fmt::Debug for SessionDrafter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SessionDrafter")
-            .field("drafters", &self.merged)
+            .field("model_free", &self.free)
+            .field("model", &self.model.is_some())
+            .field("arms", &self.arms)
             .finish()
     }
 }
 
 impl SessionDrafter {
-    /// Whether a propose may run a model forward (milliseconds, so off the
-    /// async workers).
-    pub fn uses_model(&self) -> bool {
-        self.model_slot.is_some()
+    /// Whether the session has a draft model.
+    pub fn has_model(&self) -> bool {
+        self.model.is_some()
     }
 
-    pub fn drafter(&mut self) -> &mut Merged {
-        &mut self.merged
+    /// The draft model's seconds per one-token forward, measured when it
+    /// loaded.
+    pub fn forward_secs(&self) -> Option<f64> {
+        self.forward_secs.filter(|_| self.model.is_some())
+    }
+
+    /// The arms the session's policy chooses among; never empty.
+    pub fn arms(&self) -> &[Arm] {
+        &self.arms
+    }
+
+    /// The model drafter's counters (zero without one).
+    pub fn model_stats(&self) -> DrafterStats {
+        self.model
+            .as_ref()
+            .map_or_else(DrafterStats::default, |(m, _)| m.stats())
+    }
+
+    /// A tree for `ctx` drafted the way `arm` says. An arm that needs the
+    /// model the session does not have drafts model-free.
+    pub fn propose(&mut self, arm: Arm, ctx: &DraftContext<'_>) -> TokenTree {
+        let model = self.model.as_mut().map(|(m, _)| m);
+        match (arm, model) {
+            (Arm::ModelFree, _) | (_, None) => self.free.propose(ctx),
+            (Arm::Model, Some(m)) => m.propose(ctx),
+            (Arm::Combined, Some(m)) => {
+                let free = self.free.propose(ctx);
+                let drafted = m.propose(ctx);
+                match (free.len() > 1, drafted.len() > 1) {
+                    // A lone tree keeps its draft distributions.
+                    (false, _) => drafted,
+                    (true, false) => free,
+                    (true, true) => merge(&[&drafted, &free], ctx.limits).unwrap_or(drafted),
+                }
+            }
+        }
+    }
+
+    /// Every drafter learns from every step, whichever drafted it: the
+    /// model-free ones index the text, the model drafter's cache follows
+    /// the context on its next propose.
+    pub fn observe(&mut self, feedback: &Feedback<'_>) {
+        self.free.observe(feedback);
+        if let Some((m, _)) = self.model.as_mut() {
+            m.observe(feedback);
+        }
     }
 }

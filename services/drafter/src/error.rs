@@ -28,6 +28,10 @@ pub enum SessionError {
     /// The verifier closed the stream before it started.
     #[error("the stream ended before `start`")]
     NoStart,
+    /// The session asks for drafting this drafter cannot do (the draft
+    /// model it has none of, or one whose vocabulary is not the target's).
+    #[error("{0}")]
+    Precondition(String),
     /// Every session slot is taken.
     #[error("the drafter serves at most {max} sessions at once; retry on another drafter")]
     Busy { max: usize },
@@ -57,6 +61,7 @@ impl SessionError {
             | SessionError::NoStart => Code::InvalidArgument,
             SessionError::StartTimeout(_) => Code::DeadlineExceeded,
             SessionError::Busy { .. } => Code::ResourceExhausted,
+            SessionError::Precondition(_) => Code::FailedPrecondition,
             SessionError::ShuttingDown => Code::Unavailable,
             SessionError::Internal(_) => Code::Internal,
         }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use specmesh_draft_model::{VocabMismatch, check_vocab};
 use specmesh_model::{LoadOptions, Model, ModelError};
+use specmesh_proto::TargetModel;
 use specmesh_tokenizer::{Tokenizer, TokenizerError};
 use tokio::sync::Semaphore;
 
@@ -56,11 +57,39 @@ pub enum DraftModelError {
     },
 }
 
-/// The loaded draft model and its session slots.
+/// The loaded draft model, its identity and its session slots.
 #[derive(Debug, Clone)]
 pub struct DraftModel {
     model: Arc<Model>,
+    /// `--draft-model` as given (a catalog name or a path), for messages.
+    name: String,
+    /// Its tokenizer's [`Tokenizer::vocab_fingerprint`].
+    vocab_fingerprint: u64,
+    /// Seconds of one forward over one token, measured at load: a new
+    /// session prices a tree level with it before it has drafted one.
+    forward_secs: Option<f64>,
     slots: Arc<Semaphore>,
+}
+
+/// Why a session cannot draft with the draft model it asked for; the
+/// stream ends with FAILED_PRECONDITION and this message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelRefusal {
+    #[error(
+        "the request asks for the draft model, but this drafter has none: start \
+         specmesh-drafter with --draft-model NAME|PATH, or ask for model-free or automatic speculation"
+    )]
+    NoModel,
+    #[error(
+        "the draft model {draft} cannot draft for the target {target}: their vocabularies \
+         differ ({why}); use a draft model with the target's tokenizer (a smaller model of the \
+         same family) or model-free speculation"
+    )]
+    Vocab {
+        draft: String,
+        target: String,
+        why: String,
+    },
 }
 
 impl DraftModel {
@@ -73,6 +102,7 @@ impl DraftModel {
             specmesh_catalog::resolve(Some(spec))
                 .map_err(|source| DraftModelError::Resolve { flag, source })
         };
+        let name = cfg.path.display().to_string();
         let cfg = &DraftModelConfig {
             path: resolve("draft-model", &cfg.path)?,
             target_tokenizer: cfg
@@ -82,9 +112,9 @@ impl DraftModel {
                 .transpose()?,
             ..cfg.clone()
         };
+        let draft_tok = tokenizer(&cfg.path)?;
         if let Some(target) = &cfg.target_tokenizer {
             let target_tok = tokenizer(target)?;
-            let draft_tok = tokenizer(&cfg.path)?;
             check_vocab(&target_tok, &draft_tok).map_err(|source| DraftModelError::Vocab {
                 draft: cfg.path.clone(),
                 target: target.clone(),
@@ -109,23 +139,78 @@ impl DraftModel {
                 })?,
             None => full,
         };
+        let forward_secs = specmesh_model::cost::measure(&model, 64, &[1], 5)
+            .ok()
+            .and_then(|s| s.first().map(|s| s.median));
         tracing::info!(
             path = %cfg.path.display(),
+            forward_ms = forward_secs.map(|s| s * 1e3),
             layers = model.n_layers(),
             vocab = model.config().vocab_size,
             threads = model.threads(),
             sessions = cfg.max_sessions,
             "draft model loaded"
         );
-        Ok(DraftModel::new(Arc::new(model), cfg.max_sessions))
+        let mut m = DraftModel::new(
+            Arc::new(model),
+            name,
+            draft_tok.vocab_fingerprint(),
+            cfg.max_sessions,
+        );
+        m.forward_secs = forward_secs;
+        Ok(m)
     }
 
-    /// Wraps an already loaded model; at most `max_sessions` sessions draft
-    /// with it at once.
-    pub fn new(model: Arc<Model>, max_sessions: usize) -> DraftModel {
+    /// Wraps an already loaded model named `name`, whose tokenizer has the
+    /// fingerprint `vocab_fingerprint`; at most `max_sessions` sessions
+    /// draft with it at once.
+    pub fn new(
+        model: Arc<Model>,
+        name: String,
+        vocab_fingerprint: u64,
+        max_sessions: usize,
+    ) -> DraftModel {
         DraftModel {
             model,
+            name,
+            vocab_fingerprint,
+            forward_secs: None,
             slots: Arc::new(Semaphore::new(max_sessions)),
+        }
+    }
+
+    /// Seconds of one forward over one token, when measured.
+    pub fn forward_secs(&self) -> Option<f64> {
+        self.forward_secs
+    }
+
+    /// Refuses a target whose vocabulary is not the draft model's: another
+    /// size (`vocab`, the target's logits) or, when the verifier sent one,
+    /// another fingerprint.
+    pub fn check_target(&self, target: &TargetModel, vocab: u32) -> Result<(), ModelRefusal> {
+        let draft_vocab = self.model.config().vocab_size;
+        let why = if draft_vocab != vocab as usize {
+            Some(format!(
+                "{draft_vocab} tokens in the draft model, {vocab} in the target"
+            ))
+        } else {
+            target
+                .vocab_fingerprint
+                .filter(|&f| f != self.vocab_fingerprint)
+                .map(|f| {
+                    format!(
+                        "vocabulary fingerprint {:016x} in the draft model, {f:016x} in the target",
+                        self.vocab_fingerprint
+                    )
+                })
+        };
+        match why {
+            None => Ok(()),
+            Some(why) => Err(ModelRefusal::Vocab {
+                draft: self.name.clone(),
+                target: target.display_name().to_owned(),
+                why,
+            }),
         }
     }
 

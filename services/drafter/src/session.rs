@@ -52,9 +52,7 @@ mod report;
 
 use std::time::{Duration, Instant};
 
-use specmesh_draft::{
-    Budget, DraftContext, Drafter, PolicyConfig, SpecPolicy, TenantKey, TokenTree,
-};
+use specmesh_draft::{Arm, Arms, Budget, DraftContext, PolicyConfig, TenantKey, TokenTree};
 use specmesh_proto::{MAX_TREE_SPAN, tree_to_wire, v1};
 
 pub use report::Reported;
@@ -96,6 +94,8 @@ impl Applied {
 pub struct Plan {
     /// The step the tree is for.
     pub step: u64,
+    /// What drafts it.
+    pub arm: Arm,
     pub budget: Budget,
 }
 
@@ -112,11 +112,15 @@ pub struct Drafted {
 /// What the session awaits the outcome of.
 #[derive(Debug)]
 enum Awaited {
-    /// A drafted tree (perhaps the root alone) for one step.
-    Tree { step: u64, tree: TokenTree },
+    /// A drafted tree (perhaps the root alone) for one step, by `arm`.
+    Tree {
+        step: u64,
+        tree: TokenTree,
+        arm: Arm,
+    },
     /// Steps `next..=last` of a tree sent ahead with no nodes: each
-    /// verified the root alone.
-    Span { next: u64, last: u64 },
+    /// verified the root alone; `arm`'s policy decided them.
+    Span { next: u64, last: u64, arm: Arm },
 }
 
 impl Awaited {
@@ -124,10 +128,41 @@ impl Awaited {
     fn steps(&self) -> (u64, u64) {
         match *self {
             Awaited::Tree { step, .. } => (step, step),
-            Awaited::Span { next, last } => (next, last),
+            Awaited::Span { next, last, .. } => (next, last),
+        }
+    }
+
+    fn arm(&self) -> Arm {
+        match *self {
+            Awaited::Tree { arm, .. } | Awaited::Span { arm, .. } => arm,
         }
     }
 }
+
+/// The last applied outcome, until its time is recorded.
+#[derive(Debug, Clone, Copy)]
+struct Untimed {
+    arm: Arm,
+    /// Nodes drafted for it (0: plain steps).
+    drafted: usize,
+    batch: usize,
+    /// Steps it reports.
+    steps: usize,
+    /// Time the drafter spent drafting its tree, and the model forwards
+    /// that took.
+    draft_secs: f64,
+    model_forwards: u64,
+    /// Context tokens the model caught up on first (the prompt at the
+    /// first propose): such a forward is a prefill, not a tree level.
+    caught_up: u64,
+}
+
+/// A propose that caught the draft model up on more context tokens than
+/// this is a prefill: its time says nothing about a tree level's.
+const MAX_LEVEL_CATCH_UP: u64 = 16;
+
+/// Weight of a new sample in the draft model's per-forward time.
+const FORWARD_EMA: f64 = 0.2;
 
 /// A session's drafting state; see the module docs.
 #[derive(Debug)]
@@ -140,7 +175,12 @@ pub struct DraftSession {
     max_draft_tokens: usize,
     max_depth: usize,
     drafter: SessionDrafter,
-    policy: SpecPolicy,
+    arms: Arms,
+    /// Seconds of one draft model forward (moving average), once measured.
+    forward_secs: Option<f64>,
+    /// The last tree's drafting: seconds, model forwards, context tokens
+    /// caught up on.
+    last_draft: (f64, u64, u64),
     /// Prompt then committed output; the last token is the next root.
     context: Vec<u32>,
     /// What the next outcome reports on; `None` before step 0 is drafted
@@ -153,12 +193,11 @@ pub struct DraftSession {
     pipeline: bool,
     /// Steps `first..=last` whose empty tree was sent ahead of the outcome
     /// that precedes them.
-    ahead: Option<(u64, u64)>,
+    ahead: Option<(u64, u64, Arm)>,
     /// A decision to draft, taken ahead, for the step after the last tree.
     deferred: Option<Plan>,
-    /// The last applied outcome, until its time is recorded: nodes drafted
-    /// for it, the verifier's batch, the steps it reports.
-    untimed: Option<(usize, usize, usize)>,
+    /// The last applied outcome, until its time is recorded.
+    untimed: Option<Untimed>,
     /// When the previous outcome arrived.
     last_outcome: Option<Instant>,
 }
@@ -176,8 +215,19 @@ impl DraftSession {
             max_depth: spec.max_depth,
             ..PolicyConfig::default()
         };
-        let policy = SpecPolicy::new(spec.curve, config)
+        let mut arms = Arms::new(drafter.arms(), spec.curve, config)
             .map_err(|e| SessionError::Internal(format!("policy config: {e}")))?;
+        let forward_secs = drafter.forward_secs();
+        if let Some(secs) = spec.target.step_seconds {
+            for &arm in drafter.arms() {
+                if let Some(p) = arms.policy_mut(arm) {
+                    p.timing_mut().declare_plain(secs);
+                    if let Some(f) = forward_secs.filter(|_| arm.uses_model()) {
+                        p.set_level_cost(f / secs);
+                    }
+                }
+            }
+        }
         Ok(DraftSession {
             epoch: spec.epoch,
             tenant: spec.tenant,
@@ -187,7 +237,9 @@ impl DraftSession {
             max_draft_tokens: spec.max_draft_tokens,
             max_depth: spec.max_depth,
             drafter,
-            policy,
+            arms,
+            forward_secs,
+            last_draft: (0.0, 0, 0),
             context: spec.tokens,
             awaited: None,
             next_step: 0,
@@ -202,7 +254,24 @@ impl DraftSession {
     /// The measured extra cost of a speculative step beyond its forward, in
     /// plain steps (see [`Self::record_step_time`]).
     pub fn step_overhead(&self) -> f64 {
-        self.policy.timing().overhead()
+        self.arms
+            .arms()
+            .filter_map(|a| self.arms.policy(a))
+            .map(|p| p.timing().overhead())
+            .fold(0.0, f64::max)
+    }
+
+    /// Steps each arm drafted, for the session's closing line.
+    pub fn arm_steps(&self) -> Vec<(&'static str, u64)> {
+        self.arms
+            .arms()
+            .map(|a| (a.name(), self.arms.used(a)))
+            .collect()
+    }
+
+    /// Seconds of one draft model forward, once measured.
+    pub fn draft_forward_secs(&self) -> Option<f64> {
+        self.forward_secs
     }
 
     /// Times the outcome just applied, arrived at `now`: the time since the
@@ -211,19 +280,43 @@ impl DraftSession {
     /// overhead of speculating (`specmesh_draft::StepTiming`). The first
     /// outcome only starts the clock: its time includes the prefill.
     pub fn record_step_time(&mut self, now: Instant) {
-        let Some((drafted, batch, steps)) = self.untimed.take() else {
+        let Some(u) = self.untimed.take() else {
             return;
         };
-        if let Some(prev) = self.last_outcome.replace(now) {
-            let secs = now.saturating_duration_since(prev).as_secs_f64();
-            self.policy.observe_step_time(drafted, batch, steps, secs);
+        if u.model_forwards > 0 && u.caught_up <= MAX_LEVEL_CATCH_UP {
+            let per = u.draft_secs / u.model_forwards as f64;
+            let avg = self
+                .forward_secs
+                .map_or(per, |f| f + FORWARD_EMA * (per - f));
+            self.forward_secs = Some(avg);
+        }
+        let Some(prev) = self.last_outcome.replace(now) else {
+            return;
+        };
+        // The drafting is priced per level (below), not as overhead.
+        let secs = now.saturating_duration_since(prev).as_secs_f64() - u.draft_secs;
+        let list: Vec<Arm> = self.arms.arms().collect();
+        for arm in list {
+            // Plain steps are every arm's unit; a speculative step teaches
+            // the arm that drafted it.
+            if u.drafted > 0 && arm != u.arm {
+                continue;
+            }
+            let forward = self.forward_secs.filter(|_| arm.uses_model());
+            let Some(p) = self.arms.policy_mut(arm) else {
+                continue;
+            };
+            p.observe_step_time(u.drafted, u.batch, u.steps, secs.max(0.0));
+            if let (Some(f), Some(unit)) = (forward, p.timing().plain_secs()) {
+                p.set_level_cost(f / unit);
+            }
         }
     }
 
     /// Whether drafting under `plan` may run a model forward (milliseconds:
     /// run it off the async workers).
     pub fn blocks(&self, plan: &Plan) -> bool {
-        self.drafter.uses_model() && !plan.budget.is_off()
+        self.drafter.has_model() && plan.arm.uses_model() && !plan.budget.is_off()
     }
 
     /// The plan for the first tree (step 0).
@@ -264,7 +357,7 @@ impl DraftSession {
             return None;
         }
         let last = specmesh_proto::last_step(plan.step, span as u32);
-        self.ahead = Some((plan.step, last));
+        self.ahead = Some((plan.step, last, plan.arm));
         self.next_step = last + 1;
         Some(Drafted {
             tree: v1::TokenTree {
@@ -289,7 +382,7 @@ impl DraftSession {
     ///
     /// [`plan`]: DraftSession::plan
     fn plan_run(&mut self, batch: usize, max_steps: usize) -> (Plan, usize) {
-        let (decided, steps) = self.policy.decide_run(batch.max(1), max_steps);
+        let (arm, decided, steps) = self.arms.decide_run(batch.max(1), max_steps);
         let budget = Budget {
             max_nodes: decided.budget.max_nodes.min(self.max_draft_tokens + 1),
             max_depth: decided.budget.max_depth.min(self.max_depth),
@@ -297,6 +390,7 @@ impl DraftSession {
         let budget = if budget.is_off() { Budget::OFF } else { budget };
         let plan = Plan {
             step: self.next_step,
+            arm,
             budget,
         };
         (plan, steps)
@@ -316,9 +410,16 @@ impl DraftSession {
             prompt_len: self.prompt_len,
             limits,
         };
+        let before = self.drafter.model_stats();
         let t0 = Instant::now();
-        let proposed = self.drafter.drafter().propose(&ctx);
+        let proposed = self.drafter.propose(plan.arm, &ctx);
         let took = t0.elapsed();
+        let after = self.drafter.model_stats();
+        self.last_draft = (
+            took.as_secs_f64(),
+            after.forwards - before.forwards,
+            after.context_tokens - before.context_tokens,
+        );
         let fits = proposed.root_token() == root
             && proposed.len() <= limits.max_nodes
             && proposed.max_depth() <= limits.max_depth;
@@ -339,6 +440,7 @@ impl DraftSession {
         self.awaited = Some(Awaited::Tree {
             step: plan.step,
             tree,
+            arm: plan.arm,
         });
         self.next_step = plan.step + 1;
         Ok(Drafted {

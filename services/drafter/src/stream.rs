@@ -14,6 +14,7 @@
 //! | verifier closes its side                      | OK                | yes            |
 //! | verifier cancels / the connection drops       | (none: gone)      | yes            |
 //! | bad message                                   | INVALID_ARGUMENT  | no             |
+//! | sources it cannot draft with (no draft model, or another vocabulary) | FAILED_PRECONDITION | no |
 //! | no `start` in time                            | DEADLINE_EXCEEDED | —              |
 //! | shutdown grace period over                    | UNAVAILABLE       | no             |
 //!
@@ -130,6 +131,8 @@ impl DraftStream {
                     accepted = tally.accepted,
                     ignored = tally.ignored,
                     step_overhead = session.step_overhead(),
+                    arms = ?session.arm_steps(),
+                    draft_forward_ms = session.draft_forward_secs().map(|s| s * 1e3),
                     "draft session ended"
                 );
                 index_output(shared, session).await;
@@ -163,14 +166,23 @@ impl DraftStream {
         let drafter = self
             .shared
             .drafters
-            .for_session(&spec.tenant, spec.vocab, &spec.sampling);
+            .for_session(
+                &spec.tenant,
+                spec.vocab,
+                &spec.sampling,
+                spec.sources,
+                &spec.target,
+            )
+            .map_err(|e| SessionError::Precondition(e.to_string()))?;
         tracing::info!(
             tokens = spec.tokens.len(),
             prompt_len = spec.prompt_len,
             vocab = spec.vocab,
             max_draft_tokens = spec.max_draft_tokens,
             max_depth = spec.max_depth,
-            model = drafter.uses_model(),
+            model = drafter.has_model(),
+            target = spec.target.display_name(),
+            sources = ?spec.sources,
             "draft session started"
         );
         let mut session =

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use specmesh_proto::v1::{
-    self, Committed, DraftPlan, FinishReason, RunRequest, SessionEvent, SpeculationMode, Usage,
+    self, Committed, DraftPlan, FinishReason, RunRequest, SessionEvent, Usage,
     session_event::Event, verifier_client::VerifierClient,
 };
 use specmesh_tokenizer::Tokenizer;
@@ -199,7 +199,7 @@ impl DecodeLoop {
         let key = PlacementKey {
             session_id: request.session_id.as_deref(),
             tenant: &request.tenant,
-            speculate: request.speculation.mode != SpeculationMode::Off,
+            speculate: request.speculation.speculates(),
         };
         let placement = self.placer.place(key, failed, epoch)?;
         span.record("verifier", placement.verifier.endpoint());
@@ -324,6 +324,7 @@ fn run_request(
             endpoint: endpoint.clone(),
             max_draft_tokens: request.speculation.max_draft_tokens,
             tenant: request.tenant.clone(),
+            sources: request.speculation.sources() as i32,
         }),
         // Multi-turn sessions keep their KV on the verifier for the next turn.
         cache_key: request.session_id.clone().unwrap_or_default(),
@@ -415,7 +416,8 @@ fn classify(status: Status, ctx: &RequestContext) -> AttemptError {
         Code::DeadlineExceeded => AttemptError::Fatal(GatewayError::DeadlineExceeded {
             timeout: ctx.timeout,
         }),
-        Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
+        Code::FailedPrecondition => AttemptError::Fatal(GatewayError::Precondition { message }),
+        Code::InvalidArgument | Code::OutOfRange => {
             AttemptError::Fatal(GatewayError::VerifierRejected { message })
         }
         code => AttemptError::Fatal(GatewayError::VerifierFailed { code, message }),

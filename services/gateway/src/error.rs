@@ -31,6 +31,11 @@ pub enum GatewayError {
     /// limit is smaller than the gateway's).
     #[error("the verifier refused the request: {message}")]
     VerifierRejected { message: String },
+    /// The request asks for speculation the deployment cannot do (a draft
+    /// model the drafters lack, or one of another vocabulary than the
+    /// target's); the message says which.
+    #[error("{message}")]
+    Precondition { message: String },
     /// A verifier failed in a way that moving elsewhere would not fix.
     #[error("the verifier failed with {code:?}: {message}")]
     VerifierFailed { code: Code, message: String },
@@ -52,6 +57,7 @@ impl GatewayError {
             Self::DeadlineExceeded { .. } => Code::DeadlineExceeded,
             Self::NoVerifier { .. } => Code::Unavailable,
             Self::VerifierRejected { .. } => Code::InvalidArgument,
+            Self::Precondition { .. } => Code::FailedPrecondition,
             Self::VerifierFailed { .. } | Self::Protocol(_) => Code::Internal,
             Self::Cancelled => Code::Cancelled,
         }

@@ -67,6 +67,23 @@ pub struct ValidSpeculation {
     pub max_draft_tokens: u32,
 }
 
+impl ValidSpeculation {
+    /// Whether the request speculates at all.
+    pub fn speculates(&self) -> bool {
+        self.mode != SpeculationMode::Off
+    }
+
+    /// What the drafter drafts with.
+    pub fn sources(&self) -> v1::DraftSources {
+        match self.mode {
+            SpeculationMode::Unspecified | SpeculationMode::Off => v1::DraftSources::Auto,
+            SpeculationMode::ModelFree => v1::DraftSources::ModelFree,
+            SpeculationMode::DraftModel => v1::DraftSources::DraftModel,
+            SpeculationMode::Combined => v1::DraftSources::Combined,
+        }
+    }
+}
+
 /// Why a request was refused. Every variant but `Tokenizer` and
 /// `WorkerFailed` is the caller's to fix.
 #[derive(Debug, thiserror::Error)]

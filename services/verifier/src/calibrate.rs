@@ -10,13 +10,7 @@ pub const KS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 /// Measures the curve at `context` tokens, median of `reps` runs per k.
 /// Costs are made non-decreasing (timing noise can invert neighbours).
 pub fn measure(model: &Model, context: usize, reps: usize) -> anyhow::Result<Vec<(usize, f64)>> {
-    let context = context.min(
-        model
-            .config()
-            .max_context
-            .saturating_sub(KS[KS.len() - 1] + 1),
-    );
-    let samples = cost::measure(model, context, &KS, reps)?;
+    let samples = cost::measure(model, clamp(model, context), &KS, reps)?;
     let base = samples[0].median;
     let mut curve = Vec::with_capacity(samples.len());
     let mut last = 1.0f64;
@@ -30,4 +24,20 @@ pub fn measure(model: &Model, context: usize, reps: usize) -> anyhow::Result<Vec
         last = rel;
     }
     Ok(curve)
+}
+
+/// Seconds of one forward over one token at `context` tokens, median of
+/// `reps`: the plain step drafters price their own work against.
+pub fn step_seconds(model: &Model, context: usize, reps: usize) -> anyhow::Result<f64> {
+    let samples = cost::measure(model, clamp(model, context), &[1], reps)?;
+    Ok(samples.first().map_or(0.0, |s| s.median))
+}
+
+fn clamp(model: &Model, context: usize) -> usize {
+    context.min(
+        model
+            .config()
+            .max_context
+            .saturating_sub(KS[KS.len() - 1] + 1),
+    )
 }

@@ -105,6 +105,11 @@ impl DraftLink {
             let next = tokio::time::timeout_at(deadline, self.rx.message()).await;
             let tree = match next {
                 Err(_) => return Answer::Late,
+                // The drafter cannot draft as the request asked (no draft
+                // model, or one of another vocabulary): the caller's to fix.
+                Ok(Err(s)) if s.code() == tonic::Code::FailedPrecondition => {
+                    return Answer::Refused(s.message().to_owned());
+                }
                 Ok(Err(s)) => return Answer::Lost(format!("{}: {}", s.code(), s.message())),
                 Ok(Ok(None)) => return Answer::Lost("the drafter closed the stream".into()),
                 Ok(Ok(Some(t))) => t,

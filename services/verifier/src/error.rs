@@ -22,6 +22,10 @@ pub enum VerifierError {
     /// The KV budget cannot hold the run, even after evicting kept caches.
     #[error(transparent)]
     OutOfKv(#[from] Exhausted),
+    /// The drafter cannot draft as the request asked; its message says why
+    /// (e.g. "the draft model X cannot draft for the target Y").
+    #[error("the drafter refused the session: {0}")]
+    DrafterRefused(String),
     /// The caller cancelled or went away: nothing to send.
     #[error("the caller is gone")]
     CallerGone,
@@ -43,6 +47,7 @@ impl VerifierError {
         match self {
             VerifierError::Invalid(_) => Code::InvalidArgument,
             VerifierError::Busy { .. } | VerifierError::OutOfKv(_) => Code::ResourceExhausted,
+            VerifierError::DrafterRefused(_) => Code::FailedPrecondition,
             VerifierError::CallerGone => Code::Cancelled,
             VerifierError::BatcherGone => Code::Unavailable,
             VerifierError::Model(_) | VerifierError::Internal(_) => Code::Internal,

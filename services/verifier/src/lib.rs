@@ -43,7 +43,7 @@ use crate::batcher::{Batcher, BatcherConfig};
 use crate::draft_link::DrafterChannels;
 use crate::memory::KvMemory;
 use crate::service::VerifierService;
-use crate::state::State;
+use crate::state::{State, Target};
 
 /// Largest `RunRequest` beyond its context tokens (ids, sampling, plan).
 const MESSAGE_OVERHEAD: usize = 64 << 10;
@@ -57,13 +57,15 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     tracing::info!(?config, "starting the verifier");
     // A catalog name becomes its cached file here: parsing flags touches no file.
+    let model_name = config.model.display().to_string();
     let model_path = specmesh_catalog::resolve(Some(&config.model)).context("`--model`")?;
     let config = Config {
         model: model_path.clone(),
         ..config
     };
     let threads = config.threads;
-    let (model, eos) = tokio::task::spawn_blocking(move || load(&model_path, threads)).await??;
+    let (model, eos, vocab_fingerprint) =
+        tokio::task::spawn_blocking(move || load(&model_path, threads)).await??;
     let memory = specmesh_model::process::memory_line(model.weight_bytes());
     println!(
         "specmesh-verifier: model {} loaded: {memory}",
@@ -81,6 +83,11 @@ pub async fn run(
             curve
         }
     };
+    let step_seconds = {
+        let m = Arc::clone(&model);
+        tokio::task::spawn_blocking(move || calibrate::step_seconds(&m, 256, 3)).await??
+    };
+    tracing::info!(step_seconds, "measured the plain step");
     let batcher = Batcher::start(
         Arc::clone(&model),
         BatcherConfig {
@@ -91,6 +98,11 @@ pub async fn run(
     let max_context = model.config().max_context;
     let state = Arc::new(State {
         vocab: model.config().vocab_size as u32,
+        target: Target {
+            name: model_name,
+            vocab_fingerprint,
+            step_seconds,
+        },
         memory: KvMemory::new(config.kv_budget_bytes, config.max_cached_sessions),
         channels: DrafterChannels::default(),
         eos,
@@ -124,7 +136,8 @@ impl Drain for Sessions {
     }
 }
 
-fn load(path: &Path, threads: Option<usize>) -> anyhow::Result<(Model, Vec<u32>)> {
+/// The model, its end-of-sequence ids and its vocabulary's fingerprint.
+fn load(path: &Path, threads: Option<usize>) -> anyhow::Result<(Model, Vec<u32>, u64)> {
     let opts = LoadOptions {
         threads,
         ..LoadOptions::default()
@@ -133,5 +146,9 @@ fn load(path: &Path, threads: Option<usize>) -> anyhow::Result<(Model, Vec<u32>)
         .with_context(|| format!("loading the model {}", path.display()))?;
     let tokenizer = Tokenizer::from_model_path(path)
         .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
-    Ok((model, tokenizer.eos_token_ids().to_vec()))
+    Ok((
+        model,
+        tokenizer.eos_token_ids().to_vec(),
+        tokenizer.vocab_fingerprint(),
+    ))
 }

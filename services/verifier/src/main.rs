@@ -13,9 +13,13 @@ use specmesh_verifier::{Args, Config, SERVICE};
 async fn main() -> ExitCode {
     let args: Args = cli::parse(&SERVICE);
     let telemetry = telemetry::init("specmesh-verifier");
-    let served = match Config::try_from(args) {
+    let config = args
+        .server
+        .pin()
+        .and_then(|()| Config::try_from(args).map_err(anyhow::Error::from));
+    let served = match config {
         Ok(config) => specmesh_verifier::run(config, shutdown::signal()).await,
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e),
     };
     let code = specmesh_server::exit_code(&SERVICE, served);
     // Flushes the spans before exit.

@@ -180,6 +180,10 @@ async fn open_link(v: &State, run: &ValidRun, max_draft: usize) -> Option<DraftL
         max_depth: v.config.max_tree_depth as u32,
         cost_curve: v.cost_curve_wire(),
         sampling: Some(v1::SamplingParams::from(&run.params)),
+        sources: v1::DraftSources::from(plan.sources) as i32,
+        target_model: v.target.name.clone(),
+        target_vocab_fingerprint: v.target.vocab_fingerprint,
+        target_step_seconds: v.target.step_seconds,
     };
     match DraftLink::open(
         &v.channels,

@@ -25,6 +25,8 @@ pub struct State {
     pub channels: DrafterChannels,
     pub eos: Vec<u32>,
     pub vocab: u32,
+    /// The target as drafters are told it: its name and vocabulary.
+    pub target: Target,
     pub cost_curve: Vec<(usize, f64)>,
     /// One permit per running session: admission takes one or refuses, in
     /// one atomic step, so concurrent calls cannot slip past the limit.
@@ -72,6 +74,17 @@ impl State {
     pub fn running(&self) -> usize {
         self.config.max_sessions - self.slots.available_permits()
     }
+}
+
+/// The target model as a drafter checks its draft model against it.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// `--model` as given (a catalog name or a path).
+    pub name: String,
+    /// [`specmesh_tokenizer::Tokenizer::vocab_fingerprint`] of its tokenizer.
+    pub vocab_fingerprint: u64,
+    /// Seconds of one forward over one token, measured at start-up.
+    pub step_seconds: f64,
 }
 
 /// Counts a value up while it lives (decoding sessions).

@@ -26,6 +26,10 @@ pub enum Answer {
     Late,
     /// The stream failed: the session goes on without speculation.
     Lost(String),
+    /// The drafter refused the session as the request asked for it
+    /// (FAILED_PRECONDITION: no draft model, or one whose vocabulary is not
+    /// the target's): the run fails with its message.
+    Refused(String),
 }
 
 /// The tree a step verifies.
@@ -130,6 +134,7 @@ impl Steps {
                     dropped = Some(format!("draft stream lost: {why}"));
                     (root_only(root, self.bounds.vocab)?, self.step)
                 }
+                Answer::Refused(why) => return Err(VerifierError::DrafterRefused(why)),
                 Answer::Tree(wire) => match self.accept(&wire, root, room) {
                     Ok(planned) => planned,
                     Err(why) => {

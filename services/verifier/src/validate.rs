@@ -41,6 +41,7 @@ pub struct DraftPlan {
     /// At least 1, at most the verifier's bound.
     pub max_draft_tokens: usize,
     pub tenant: String,
+    pub sources: specmesh_draft::Sources,
 }
 
 impl ValidRun {
@@ -71,6 +72,7 @@ impl ValidRun {
                 endpoint: d.endpoint,
                 max_draft_tokens: max,
                 tenant: d.tenant,
+                sources: d.sources,
             })
         });
         Ok(ValidRun {
@@ -105,6 +107,7 @@ mod tests {
                 endpoint: "http://127.0.0.1:1".into(),
                 max_draft_tokens: 64,
                 tenant: String::new(),
+                sources: 0,
             }),
             ..Default::default()
         }

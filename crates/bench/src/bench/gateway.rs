@@ -20,10 +20,12 @@ pub async fn request(
     max_new: u32,
     tenant: &str,
 ) -> Result<Run> {
-    let mode = if config == Config::Off {
-        v1::SpeculationMode::Off
-    } else {
-        v1::SpeculationMode::Unspecified
+    let mode = match config {
+        Config::Off => v1::SpeculationMode::Off,
+        Config::ModelFree => v1::SpeculationMode::ModelFree,
+        Config::DraftModel => v1::SpeculationMode::DraftModel,
+        Config::Combined => v1::SpeculationMode::Combined,
+        _ => v1::SpeculationMode::Unspecified,
     };
     let req = v1::GenerateRequest {
         input: Some(v1::generate_request::Input::Chat(v1::Chat {

@@ -54,11 +54,37 @@ pub struct Args {
     /// what the distributed loop costs per round.
     #[arg(long)]
     in_process: bool,
-    /// Also run llama.cpp's own llama-server (plain, and its model-free
-    /// `ngram-simple` speculation) on the same prompt tokens and threads,
-    /// interleaved with ours. Build it with tools/bench/setup.sh.
+    /// Also run llama.cpp's own llama-server (plain, and each
+    /// `--peer-spec`) on the same prompt tokens and threads, interleaved
+    /// with ours. Build it with tools/bench/setup.sh.
     #[arg(long)]
     peer: bool,
+    /// llama.cpp's speculative configurations to run with --peer:
+    /// model-free `--spec-type`s (ngram-simple, ngram-mod, ngram-map-k, …)
+    /// and `draft:N_MAX[:P_MIN[:N_MIN]]` (draft-simple with --draft-model).
+    #[arg(long, value_delimiter = ',', default_value = "ngram-simple")]
+    peer_spec: Vec<String>,
+    /// The drafters' draft model (a catalog name or a path); adds the
+    /// model-free, draft-model and combined configurations to off and auto.
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
+    /// Our configurations, interleaved prompt by prompt (default: off and
+    /// auto, plus model-free, draft-model and combined with --draft-model).
+    #[arg(long, value_delimiter = ',', value_parser = parse_ours)]
+    configs: Vec<Config>,
+    /// Our configurations in the concurrency sweep (default: off and auto).
+    #[arg(long, value_delimiter = ',', value_parser = parse_ours, default_value = "off,auto")]
+    sweep_configs: Vec<Config>,
+    /// With --up: the verifier's CPUs (`--cpus`), e.g. `0`.
+    #[arg(long)]
+    verifier_cpus: Option<String>,
+    /// With --up: the drafter's CPUs (`--cpus`), e.g. `1`.
+    #[arg(long)]
+    drafter_cpus: Option<String>,
+    /// With --up: the draft model's compute threads (default: all cores the
+    /// drafter may use).
+    #[arg(long)]
+    drafter_threads: Option<usize>,
     /// Directory with llama.cpp's `llama-server` (default: where
     /// tools/bench/setup.sh puts it).
     #[arg(long, env = "SPECMESH_PEER_BIN")]
@@ -75,15 +101,18 @@ pub struct Args {
     markdown: Option<PathBuf>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Config {
     Off,
     Auto,
+    ModelFree,
+    DraftModel,
+    Combined,
     InProcessOff,
     InProcessAuto,
     PeerPlain,
-    PeerNgram,
+    /// One of llama.cpp's speculative configurations, by name.
+    Peer(&'static str),
 }
 
 impl Config {
@@ -91,18 +120,60 @@ impl Config {
         match self {
             Config::Off => "off",
             Config::Auto => "auto",
+            Config::ModelFree => "model-free",
+            Config::DraftModel => "draft-model",
+            Config::Combined => "combined",
             Config::InProcessOff => "in-process off",
             Config::InProcessAuto => "in-process auto",
             Config::PeerPlain => "llama.cpp",
-            Config::PeerNgram => "llama.cpp ngram-simple",
+            Config::Peer(name) => name,
         }
     }
 
     /// Ours must reproduce plain greedy decoding bit for bit; the peer has
     /// its own numerics, so its agreement is reported, not required.
     fn must_match(self) -> bool {
-        !matches!(self, Config::PeerPlain | Config::PeerNgram)
+        !self.is_peer()
     }
+
+    fn is_peer(self) -> bool {
+        matches!(self, Config::PeerPlain | Config::Peer(_))
+    }
+
+    /// Ours through the gateway, speculating.
+    fn is_ours_speculative(self) -> bool {
+        matches!(
+            self,
+            Config::Auto | Config::ModelFree | Config::DraftModel | Config::Combined
+        )
+    }
+
+    /// Through the gateway (streamed, so with inter-token gaps).
+    fn via_gateway(self) -> bool {
+        self == Config::Off || self.is_ours_speculative()
+    }
+}
+
+/// As its name: JSON map keys must be strings.
+impl Serialize for Config {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+fn parse_ours(s: &str) -> Result<Config, String> {
+    Ok(match s {
+        "off" => Config::Off,
+        "auto" => Config::Auto,
+        "model-free" => Config::ModelFree,
+        "draft-model" => Config::DraftModel,
+        "combined" => Config::Combined,
+        _ => {
+            return Err(format!(
+                "unknown configuration `{s}`: use off, auto, model-free, draft-model or combined"
+            ));
+        }
+    })
 }
 
 /// One request's numbers.
@@ -152,11 +223,22 @@ pub fn run(args: Args) -> Result<()> {
             .model
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let draft = args
+            .draft_model
+            .as_deref()
+            .map(|d| specmesh_catalog::resolve(Some(d)))
+            .transpose()
+            .context("`--draft-model`")?;
+        let mut kinds = vec![(Config::PeerPlain, peer::PeerKind::Plain)];
+        for spec in &args.peer_spec {
+            let kind = peer::PeerKind::parse(spec, draft.as_deref())?;
+            // Leaked once per configuration: names live for the whole run.
+            let name: &'static str = Box::leak(kind.name().into_boxed_str());
+            kinds.push((Config::Peer(name), kind));
+        }
         let mut peers = Vec::new();
-        for (config, kind) in [
-            (Config::PeerPlain, peer::PeerKind::Plain),
-            (Config::PeerNgram, peer::PeerKind::ModelFree("ngram-simple")),
-        ] {
+        for (config, kind) in kinds {
+            eprintln!("starting {}", config.name());
             let p = peer::Peer::start(
                 &dir,
                 &args.model.path()?,
@@ -181,8 +263,11 @@ pub fn run(args: Args) -> Result<()> {
                     listen: "127.0.0.1:0".parse()?,
                     verifiers: 1,
                     drafters: 1,
-                    draft_model: None,
-                    timeout: Duration::from_secs(300),
+                    draft_model: args.draft_model.clone(),
+                    verifier_cpus: args.verifier_cpus.clone(),
+                    drafter_cpus: args.drafter_cpus.clone(),
+                    drafter_threads: args.drafter_threads,
+                    timeout: Duration::from_secs(600),
                 })
                 .await?,
             )
@@ -216,7 +301,24 @@ async fn bench(
     } else {
         None
     };
-    let mut configs = vec![Config::Off, Config::Auto];
+    let mut configs = if !args.configs.is_empty() {
+        let mut c = args.configs.clone();
+        if !c.contains(&Config::Off) {
+            // Every output is checked against plain decoding.
+            c.insert(0, Config::Off);
+        }
+        c
+    } else if args.draft_model.is_some() {
+        vec![
+            Config::Off,
+            Config::Auto,
+            Config::ModelFree,
+            Config::DraftModel,
+            Config::Combined,
+        ]
+    } else {
+        vec![Config::Off, Config::Auto]
+    };
     if local.is_some() {
         configs.extend([Config::InProcessOff, Config::InProcessAuto]);
     }
@@ -230,7 +332,7 @@ async fn bench(
     let total = questions.len() * configs.len()
         + levels
             .iter()
-            .map(|&n| 2 * sweep::waves(questions.len(), n))
+            .map(|&n| args.sweep_configs.len() * sweep::waves(questions.len(), n))
             .sum::<usize>();
     let bar = ProgressBar::new(total as u64).with_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
@@ -270,15 +372,17 @@ async fn bench(
         for &c in &configs {
             bar.set_message(format!("{} {}", q.category, c.name()));
             let r = match c {
-                Config::Off | Config::Auto => {
-                    let tenant = format!("{tenant}-c1");
+                c if c.via_gateway() => {
+                    // A tenant per configuration: one must not draft from
+                    // another's answer to the same prompt.
+                    let tenant = format!("{tenant}-c1-{}", c.name());
                     gateway::request(&mut client, q, c, args.max_new_tokens, &tenant).await?
                 }
                 Config::InProcessOff | Config::InProcessAuto => local
                     .as_ref()
                     .expect("in-process model")
                     .run(q, c, args.max_new_tokens)?,
-                Config::PeerPlain | Config::PeerNgram => {
+                _ => {
                     let (_, p) = peers
                         .iter_mut()
                         .find(|(pc, _)| *pc == c)
@@ -306,16 +410,23 @@ async fn bench(
         {
             peer_agreement += 1;
         }
-        let (o, a) = (&by_config[&Config::Off], &by_config[&Config::Auto]);
+        let line: Vec<String> = by_config
+            .values()
+            .map(|r| {
+                format!(
+                    "{} {:.1}",
+                    r.config.name(),
+                    r.completion_tokens as f64 / r.wall_seconds
+                )
+            })
+            .collect();
         bar.suspend(|| {
             eprintln!(
-                "[{}/{}] {:<14} off {:>6.1} tok/s  auto {:>6.1} tok/s  τ {:.2}",
+                "[{}/{}] {:<14} tok/s: {}",
                 i + 1,
                 questions.len(),
                 q.category,
-                o.completion_tokens as f64 / o.wall_seconds,
-                a.completion_tokens as f64 / a.wall_seconds,
-                f64::from(a.verify_steps + a.accepted_tokens) / f64::from(a.verify_steps.max(1)),
+                line.join("  ")
             )
         });
         reference.insert(q.id(), off);
@@ -325,7 +436,7 @@ async fn bench(
     let mut waves = Vec::new();
     for &n in &levels {
         for w in 0..sweep::waves(questions.len(), n) {
-            for c in [Config::Off, Config::Auto] {
+            for &c in &args.sweep_configs {
                 bar.set_message(format!("concurrency {n}, wave {}, {}", w + 1, c.name()));
                 let wave =
                     sweep::wave(&client, questions, n, w, c, args.max_new_tokens, &tenant).await?;

@@ -1,8 +1,8 @@
 //! llama.cpp as a peer on the same machine: its own `llama-server`, built
 //! natively by `tools/bench/setup.sh`, one server process per peer
-//! configuration (plain decoding, its model-free `ngram-simple`
-//! speculation), driven over HTTP so its runs interleave with ours prompt by
-//! prompt.
+//! configuration (plain decoding, its model-free speculation types, its
+//! draft-model speculation with the settings swept), driven over HTTP so
+//! its runs interleave with ours prompt by prompt.
 //!
 //! The peer gets the exact prompt token ids the gateway decodes (our chat
 //! template and tokenizer, sent as a token array to `/completion`), the same
@@ -11,7 +11,7 @@
 //! tokens), not from our clock.
 
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -28,14 +28,108 @@ use crate::specbench::Question;
 pub enum PeerKind {
     Plain,
     /// A model-free `--spec-type` (`ngram-simple`, `ngram-mod`, …).
-    ModelFree(&'static str),
+    ModelFree(String),
+    /// `--spec-type draft-simple` with a draft model and its settings.
+    Draft {
+        model: PathBuf,
+        n_max: u32,
+        p_min: Option<f32>,
+        n_min: Option<u32>,
+    },
 }
 
 impl PeerKind {
-    fn args(&self) -> Vec<String> {
+    /// A `--peer-spec` entry: a model-free type, or
+    /// `draft:N_MAX[:P_MIN[:N_MIN]]` (needs `draft_model`).
+    pub fn parse(spec: &str, draft_model: Option<&Path>) -> Result<PeerKind> {
+        let Some(rest) = spec.strip_prefix("draft:") else {
+            if spec.is_empty() || spec.starts_with("draft") || spec.contains(':') {
+                bail!(
+                    "--peer-spec `{spec}`: use a model-free type (ngram-simple, …) or draft:N_MAX[:P_MIN[:N_MIN]]"
+                );
+            }
+            return Ok(PeerKind::ModelFree(spec.to_owned()));
+        };
+        let Some(model) = draft_model else {
+            bail!(
+                "--peer-spec `{spec}` needs --draft-model (the draft model llama.cpp drafts with)"
+            );
+        };
+        let mut parts = rest.split(':');
+        let bad = || anyhow::anyhow!("--peer-spec `{spec}`: expected draft:N_MAX[:P_MIN[:N_MIN]]");
+        let n_max = parts.next().and_then(|n| n.parse().ok()).ok_or_else(bad)?;
+        let p_min = parts
+            .next()
+            .map(|p| p.parse().map_err(|_| bad()))
+            .transpose()?;
+        let n_min = parts
+            .next()
+            .map(|n| n.parse().map_err(|_| bad()))
+            .transpose()?;
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(PeerKind::Draft {
+            model: model.to_path_buf(),
+            n_max,
+            p_min,
+            n_min,
+        })
+    }
+
+    /// The name in tables: `llama.cpp ngram-simple`, `llama.cpp draft n3 p0.6`.
+    pub fn name(&self) -> String {
+        match self {
+            PeerKind::Plain => "llama.cpp".into(),
+            PeerKind::ModelFree(t) => format!("llama.cpp {t}"),
+            PeerKind::Draft {
+                n_max,
+                p_min,
+                n_min,
+                ..
+            } => {
+                let mut s = format!("llama.cpp draft n{n_max}");
+                if let Some(p) = p_min {
+                    s += &format!(" p{p}");
+                }
+                if let Some(n) = n_min {
+                    s += &format!(" min{n}");
+                }
+                s
+            }
+        }
+    }
+
+    fn args(&self, threads: usize) -> Vec<String> {
         match self {
             PeerKind::Plain => vec![],
-            PeerKind::ModelFree(t) => vec!["--spec-type".into(), (*t).into()],
+            PeerKind::ModelFree(t) => vec!["--spec-type".into(), t.clone()],
+            PeerKind::Draft {
+                model,
+                n_max,
+                p_min,
+                n_min,
+            } => {
+                let mut a = vec![
+                    "--spec-type".into(),
+                    "draft-simple".into(),
+                    "-md".into(),
+                    model.display().to_string(),
+                    "-td".into(),
+                    threads.to_string(),
+                    "-tbd".into(),
+                    threads.to_string(),
+                    "--spec-draft-n-max".into(),
+                    n_max.to_string(),
+                ];
+                if let Some(p) = p_min {
+                    a.extend(["--spec-draft-p-min".into(), p.to_string()]);
+                }
+                if let Some(n) = n_min {
+                    a.extend(["--spec-draft-n-min".into(), n.to_string()]);
+                }
+                a
+            }
         }
     }
 }
@@ -96,7 +190,7 @@ impl Peer {
             // One slot with the whole context: the bench sends one request
             // at a time, and n slots would split the KV cache n ways.
             .args(["-np", "1", "-c", "4096", "--no-webui"])
-            .args(kind.args())
+            .args(kind.args(threads))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());

@@ -34,18 +34,14 @@ pub fn write(path: &Path, summary: &Summary) -> Result<()> {
             .map(|c| c.speedup)
             .collect::<Vec<_>>(),
     )];
-    if summary
-        .categories
-        .iter()
-        .any(|c| c.peer_lookup_speedup.is_some())
-    {
+    if summary.categories.iter().any(|c| c.peer_best.is_some()) {
         bars.push((
-            "llama.cpp lookup / plain",
+            "llama.cpp best speculative / plain",
             PEER,
             summary
                 .categories
                 .iter()
-                .map(|c| c.peer_lookup_speedup.unwrap_or(0.0))
+                .map(|c| c.peer_best.map_or(0.0, |b| b.1))
                 .collect(),
         ));
     }

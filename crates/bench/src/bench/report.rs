@@ -53,8 +53,13 @@ pub struct CategoryRow {
     pub speedup: f64,
     /// Mean tokens per verify step with speculation (bonus included).
     pub tau: f64,
-    /// The peer's prompt lookup over its own plain decoding, when it ran.
-    pub peer_lookup_speedup: Option<f64>,
+    /// Our fastest speculative configuration and its speed-up over off.
+    pub best: Option<(Config, f64)>,
+    /// llama.cpp's fastest speculative configuration and its speed-up over
+    /// its own plain decoding, when the peer ran.
+    pub peer_best: Option<(Config, f64)>,
+    /// Our fastest over llama.cpp's fastest speculative, in tok/s.
+    pub best_vs_peer: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -120,7 +125,16 @@ pub fn summarize(runs: &[Run], configs: &[Config], waves: &[Wave]) -> Summary {
         .map(|c| {
             let off = get(c, Config::Off).unwrap_or_default();
             let auto = get(c, Config::Auto).unwrap_or_default();
-            let peer = get(c, Config::PeerPlain).zip(get(c, Config::PeerNgram));
+            let fastest = |pick: &dyn Fn(Config) -> bool| {
+                configs
+                    .iter()
+                    .filter(|&&cfg| pick(cfg))
+                    .filter_map(|&cfg| get(c, cfg).map(|s| (cfg, s.tok_s())))
+                    .max_by(|a, b| a.1.total_cmp(&b.1))
+            };
+            let best = fastest(&|cfg: Config| cfg.is_ours_speculative());
+            let peer_best = fastest(&|cfg: Config| matches!(cfg, Config::Peer(_)));
+            let peer_plain = get(c, Config::PeerPlain).map(Sum::tok_s);
             CategoryRow {
                 category: c.clone(),
                 prompts: prompts.get(c).copied().unwrap_or(0),
@@ -130,7 +144,11 @@ pub fn summarize(runs: &[Run], configs: &[Config], waves: &[Wave]) -> Summary {
                     .collect(),
                 speedup: auto.tok_s() / off.tok_s().max(1e-9),
                 tau: auto.tau(),
-                peer_lookup_speedup: peer.map(|(p, l)| l.tok_s() / p.tok_s().max(1e-9)),
+                best: best.map(|(cfg, t)| (cfg, t / off.tok_s().max(1e-9))),
+                peer_best: peer_best
+                    .zip(peer_plain)
+                    .map(|((cfg, t), plain)| (cfg, t / plain.max(1e-9))),
+                best_vs_peer: best.zip(peer_best).map(|(b, p)| b.1 / p.1.max(1e-9)),
             }
         })
         .collect();
@@ -166,7 +184,13 @@ pub fn summarize(runs: &[Run], configs: &[Config], waves: &[Wave]) -> Summary {
 /// come from the waves.
 fn levels(runs: &[Run], waves: &[Wave]) -> Vec<LevelRow> {
     let mut out = Vec::new();
-    for cfg in [Config::Off, Config::Auto] {
+    for cfg in [
+        Config::Off,
+        Config::Auto,
+        Config::ModelFree,
+        Config::DraftModel,
+        Config::Combined,
+    ] {
         let rs: Vec<&Run> = runs.iter().filter(|r| r.config == cfg).collect();
         if !rs.is_empty() {
             out.push(level_row(
@@ -216,38 +240,37 @@ fn level_row(n: usize, cfg: Config, rs: &[&Run], wall: f64) -> LevelRow {
 /// The run's tables: per category, per configuration, and the
 /// concurrency sweep when one ran.
 pub fn tables(summary: &Summary, configs: &[Config]) -> Vec<Table> {
-    let peer = configs.contains(&Config::PeerPlain);
-    let mut header = vec![
-        "category",
-        "prompts",
-        "off tok/s",
-        "auto tok/s",
-        "speedup",
-        "τ",
-    ];
+    let peer = configs.iter().any(|c| c.is_peer());
+    let mut header: Vec<String> = vec!["category".into(), "prompts".into()];
+    header.extend(configs.iter().map(|c| format!("{} tok/s", c.name())));
+    header.extend(["auto ×off".into(), "auto τ".into(), "best ×off".into()]);
     if peer {
         header.extend([
-            "llama.cpp tok/s",
-            "llama.cpp lookup tok/s",
-            "lookup speedup",
+            "llama.cpp best ×plain".into(),
+            "best ×llama.cpp best".into(),
         ]);
     }
-    let mut by_category = Table::new(&header);
+    let refs: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut by_category = Table::new(&refs);
     for row in &summary.categories {
-        let t = |cfg| format!("{:.1}", row.tok_s.get(&cfg).copied().unwrap_or(0.0));
-        let mut cells = vec![
-            row.category.clone(),
-            row.prompts.to_string(),
-            t(Config::Off),
-            t(Config::Auto),
+        let mut cells = vec![row.category.clone(), row.prompts.to_string()];
+        cells.extend(
+            configs
+                .iter()
+                .map(|cfg| format!("{:.1}", row.tok_s.get(cfg).copied().unwrap_or(0.0))),
+        );
+        let named = |b: Option<(Config, f64)>| {
+            b.map_or("—".into(), |(cfg, x)| format!("{x:.2}x ({})", cfg.name()))
+        };
+        cells.extend([
             format!("{:.2}x", row.speedup),
             format!("{:.2}", row.tau),
-        ];
+            named(row.best),
+        ]);
         if peer {
             cells.extend([
-                t(Config::PeerPlain),
-                t(Config::PeerNgram),
-                format!("{:.2}x", row.peer_lookup_speedup.unwrap_or(0.0)),
+                named(row.peer_best),
+                row.best_vs_peer.map_or("—".into(), |x| format!("{x:.2}x")),
             ]);
         }
         by_category.row(cells);
@@ -263,7 +286,7 @@ pub fn tables(summary: &Summary, configs: &[Config]) -> Vec<Table> {
     ]);
     for c in &summary.configs {
         // Only the gateway's stream has inter-token gaps to measure.
-        let streamed = matches!(c.config, Config::Off | Config::Auto);
+        let streamed = c.config.via_gateway();
         let itl = |v: f64| {
             if streamed {
                 format!("{v:.2}")

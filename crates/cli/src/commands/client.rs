@@ -14,7 +14,7 @@ pub struct Ask {
     pub chat: bool,
     pub max_new_tokens: u32,
     pub sampling: v1::SamplingParams,
-    pub no_speculation: bool,
+    pub speculation: v1::SpeculationMode,
     pub stream: bool,
     pub json: bool,
 }
@@ -60,11 +60,7 @@ async fn generate(url: &str, ask: Ask) -> Result<()> {
         max_new_tokens: ask.max_new_tokens,
         sampling: Some(ask.sampling),
         speculation: Some(v1::SpeculationParams {
-            mode: if ask.no_speculation {
-                v1::SpeculationMode::Off as i32
-            } else {
-                v1::SpeculationMode::Unspecified as i32
-            },
+            mode: ask.speculation as i32,
             max_draft_tokens: 0,
         }),
         ..Default::default()

@@ -20,9 +20,13 @@ pub struct Args {
     /// With --gateway: stream tokens as they are committed.
     #[arg(long, requires = "gateway")]
     stream: bool,
-    /// With --gateway: plain decoding, no speculation.
-    #[arg(long, requires = "gateway")]
+    /// With --gateway: plain decoding, no speculation (`--speculation off`).
+    #[arg(long, requires = "gateway", conflicts_with = "speculation")]
     no_speculation: bool,
+    /// With --gateway: what to draft with (auto lets the drafter's policy
+    /// choose; draft-model and combined need `specmesh-drafter --draft-model`).
+    #[arg(long, value_enum, requires = "gateway", default_value_t = Speculation::Auto)]
+    speculation: Speculation,
     #[command(flatten)]
     model: ModelArgs,
     /// Apply the model's chat template to PROMPT as one user message.
@@ -75,7 +79,11 @@ pub fn run(args: Args) -> Result<()> {
                 top_k,
                 seed: args.seed,
             },
-            no_speculation: args.no_speculation,
+            speculation: if args.no_speculation {
+                specmesh_proto::v1::SpeculationMode::Off
+            } else {
+                args.speculation.mode()
+            },
             stream: args.stream,
             json: args.json,
         };
@@ -150,4 +158,27 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--speculation`: the request's `SpeculationMode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Speculation {
+    Auto,
+    Off,
+    ModelFree,
+    DraftModel,
+    Combined,
+}
+
+impl Speculation {
+    pub fn mode(self) -> specmesh_proto::v1::SpeculationMode {
+        use specmesh_proto::v1::SpeculationMode as M;
+        match self {
+            Speculation::Auto => M::Unspecified,
+            Speculation::Off => M::Off,
+            Speculation::ModelFree => M::ModelFree,
+            Speculation::DraftModel => M::DraftModel,
+            Speculation::Combined => M::Combined,
+        }
+    }
 }

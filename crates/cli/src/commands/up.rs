@@ -31,6 +31,16 @@ pub struct Args {
     /// measuring its cost curve take a few).
     #[arg(long, default_value_t = 120)]
     start_timeout_secs: u64,
+    /// The verifiers' CPU cores (`--cpus`), e.g. `0`.
+    #[arg(long)]
+    verifier_cpus: Option<String>,
+    /// The drafters' CPU cores (`--cpus`), e.g. `1`.
+    #[arg(long)]
+    drafter_cpus: Option<String>,
+    /// The draft model's compute threads (default: every core the drafter
+    /// may use).
+    #[arg(long, requires = "draft_model")]
+    drafter_threads: Option<usize>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -44,6 +54,9 @@ pub fn run(args: Args) -> Result<()> {
             verifiers: args.verifiers,
             drafters: args.drafters,
             draft_model: args.draft_model,
+            verifier_cpus: args.verifier_cpus,
+            drafter_cpus: args.drafter_cpus,
+            drafter_threads: args.drafter_threads,
             timeout: Duration::from_secs(args.start_timeout_secs),
         })
         .await?;

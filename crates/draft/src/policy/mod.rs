@@ -34,12 +34,19 @@
 //! was, so on wide trees they already include some width; a small `g`
 //! keeps the double counting small.
 //!
+//! Drafting itself may cost time too: a draft model runs one forward per
+//! tree level. [`SpecPolicy::set_level_cost`] prices a level in plain
+//! steps, so a step of depth `D` costs `D` levels more, and a drafter that
+//! is slow next to the verifier drafts shallow trees or none
+//! ([`Arms`] chooses between drafters by the same arithmetic).
+//!
 //! A step over a verifier batch of `B` sessions (each with `k + 1` tokens,
 //! root included) costs `cost((k + 1)·B) / cost(B)` relative to plain
 //! decoding: under load the forward is less memory-bound, extra tokens are
 //! dearer, and the policy drafts less.
 
 mod acceptance;
+mod arms;
 mod curve;
 #[cfg(test)]
 mod tests;
@@ -48,6 +55,7 @@ mod timing;
 use specmesh_tree::TreeLimits;
 
 pub use acceptance::{AcceptanceStats, offered_and_accepted};
+pub use arms::{Arm, Arms, Sources};
 pub use curve::CostCurve;
 pub use timing::StepTiming;
 
@@ -194,6 +202,8 @@ pub struct SpecPolicy {
     curve: CostCurve,
     stats: AcceptanceStats,
     timing: StepTiming,
+    /// What drafting one tree level costs, in plain steps.
+    level_cost: f64,
     off_streak: u32,
 }
 
@@ -224,6 +234,7 @@ impl SpecPolicy {
             curve,
             stats,
             timing: StepTiming::default(),
+            level_cost: 0.0,
             off_streak: 0,
         })
     }
@@ -250,8 +261,9 @@ impl SpecPolicy {
     }
 
     /// A step (or a run of `steps` plain steps) that drafted `drafted` nodes
-    /// in a verifier batch of `batch` took `secs`, outcome to outcome: see
-    /// [`StepTiming`].
+    /// in a verifier batch of `batch` took `secs`, outcome to outcome, not
+    /// counting the drafting that [`SpecPolicy::set_level_cost`] prices
+    /// (the caller subtracts it): see [`StepTiming`].
     pub fn observe_step_time(&mut self, drafted: usize, batch: usize, steps: usize, secs: f64) {
         if drafted == 0 {
             self.timing.observe_plain(steps, secs);
@@ -265,11 +277,31 @@ impl SpecPolicy {
         &self.timing
     }
 
-    /// What a speculative step drafting `drafted` nodes costs, relative to
-    /// a plain one: the verify forward (the curve) plus the measured
-    /// overhead of speculating.
-    fn step_cost(&self, drafted: usize, batch: usize) -> f64 {
-        self.curve.step_cost(drafted, batch) + self.timing.overhead()
+    pub fn timing_mut(&mut self) -> &mut StepTiming {
+        &mut self.timing
+    }
+
+    /// Prices drafting: one tree level costs `plain_steps` plain verify
+    /// steps (0, the default, for drafters that take microseconds). Not a
+    /// finite non-negative number: ignored.
+    pub fn set_level_cost(&mut self, plain_steps: f64) {
+        if plain_steps.is_finite() && plain_steps >= 0.0 {
+            self.level_cost = plain_steps;
+        }
+    }
+
+    /// What drafting one tree level costs, in plain steps.
+    pub fn level_cost(&self) -> f64 {
+        self.level_cost
+    }
+
+    /// What a speculative step drafting `drafted` nodes `depth` levels deep
+    /// costs, relative to a plain one: the verify forward (the curve), the
+    /// measured overhead of speculating and the drafting.
+    fn step_cost(&self, drafted: usize, depth: usize, batch: usize) -> f64 {
+        self.curve.step_cost(drafted, batch)
+            + self.timing.overhead()
+            + self.level_cost * depth as f64
     }
 
     /// See [`AcceptanceStats::observe_feedback`].
@@ -307,7 +339,7 @@ impl SpecPolicy {
         Decision {
             budget,
             expected_tokens: shape.expected.last().copied().unwrap_or(1.0),
-            relative_cost: self.step_cost(depth, batch),
+            relative_cost: self.step_cost(depth, depth, batch),
             probe: true,
         }
     }
@@ -373,7 +405,7 @@ impl SpecPolicy {
                     max_depth: shape.depth[k],
                 },
                 expected_tokens: shape.expected[k],
-                relative_cost: self.step_cost(k, batch),
+                relative_cost: self.step_cost(k, shape.depth[k], batch),
                 probe: false,
             };
             // Strictly better only: ties keep the smaller, cheaper budget.
@@ -382,6 +414,18 @@ impl SpecPolicy {
             }
         }
         best
+    }
+
+    /// The most any budget could gain at batch `batch` if the target
+    /// accepted every drafted token: a chain of `k` nodes commits `k + 1`
+    /// tokens at the cost of `k` nodes (and `k` levels of drafting). An arm
+    /// whose bound is below another's measured speed-up is not worth
+    /// trying ([`Arms`]).
+    pub fn upper_bound(&self, batch: usize) -> f64 {
+        let max_drafted = (self.config.max_nodes - 1).min(self.config.max_depth);
+        (0..=max_drafted)
+            .map(|k| (k as f64 + 1.0) / self.step_cost(k, k, batch).max(1e-9))
+            .fold(1.0, f64::max)
     }
 
     /// Expected committed tokens per step with `drafted` nodes, under the

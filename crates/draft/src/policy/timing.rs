@@ -43,6 +43,16 @@ impl StepTiming {
         });
     }
 
+    /// Takes `secs` as the plain step's duration until one is timed: the
+    /// verifier's own measurement of a one-token forward, so that a session
+    /// that speculates from its first step has a unit at once. Ignored once
+    /// a plain step was timed, or when not a finite positive number.
+    pub fn declare_plain(&mut self, secs: f64) {
+        if self.plain.is_none() && secs.is_finite() && secs > 0.0 {
+            self.plain = Some(secs);
+        }
+    }
+
     /// A speculative step took `secs`; the cost curve priced it at
     /// `predicted` plain steps.
     pub fn observe_speculative(&mut self, secs: f64, predicted: f64) {
@@ -93,6 +103,18 @@ mod tests {
             t.observe_speculative(0.012, 1.5);
         }
         assert!(t.overhead() < 1e-3);
+    }
+
+    #[test]
+    fn a_declared_unit_stands_until_plain_steps_are_timed() {
+        let mut t = StepTiming::default();
+        t.declare_plain(0.010);
+        t.observe_speculative(0.018, 1.5);
+        assert!(t.overhead() > 0.0);
+        t.observe_plain(1, 0.020);
+        assert!((t.plain_secs().unwrap() - 0.011).abs() < 1e-12);
+        t.declare_plain(1.0);
+        assert!((t.plain_secs().unwrap() - 0.011).abs() < 1e-12);
     }
 
     #[test]

@@ -2,10 +2,10 @@
 //! was sent, learning from it, and what to send next (see the parent
 //! module's docs).
 
-use specmesh_draft::{Budget, Drafter, Feedback, TokenTree};
+use specmesh_draft::{Arm, Budget, Feedback, TokenTree};
 use specmesh_proto::v1;
 
-use super::{Applied, Awaited, DraftSession, Reported};
+use super::{Applied, Awaited, DraftSession, Reported, Untimed};
 use crate::error::SessionError;
 use crate::validate::{Outcome, SpanOutcome};
 
@@ -48,13 +48,14 @@ impl DraftSession {
             return Err(SessionError::invalid("outcome.span", reason));
         }
         let awaited = self.awaited.take().expect("checked above");
+        let arm = awaited.arm();
         let drafted = match &awaited {
             Awaited::Tree { tree, .. } => tree.len() - 1,
             Awaited::Span { .. } => 0,
         };
         let applied = match &awaited {
-            Awaited::Tree { tree, .. } => self.apply_tree(wire, tree),
-            Awaited::Span { .. } => self.apply_span(wire, span as usize),
+            Awaited::Tree { tree, arm, .. } => self.apply_tree(wire, tree, *arm),
+            Awaited::Span { arm, .. } => self.apply_span(wire, span as usize, *arm),
         };
         let (reported, batch) = match applied {
             Ok(a) => a,
@@ -63,18 +64,36 @@ impl DraftSession {
                 return Err(e);
             }
         };
-        self.untimed = Some((drafted, batch, span as usize));
+        let (draft_secs, model_forwards, caught_up) = if drafted > 0 {
+            std::mem::take(&mut self.last_draft)
+        } else {
+            (0.0, 0, 0)
+        };
+        self.untimed = Some(Untimed {
+            arm,
+            drafted,
+            batch,
+            steps: span as usize,
+            draft_secs,
+            model_forwards,
+            caught_up,
+        });
         if step < last {
             self.awaited = Some(Awaited::Span {
                 next: step + 1,
                 last,
+                arm,
             });
             return Ok(Applied::Within(reported));
         }
-        match self.ahead.take_if(|(first, _)| *first == last + 1) {
-            Some((first, last)) => {
+        match self.ahead.take_if(|(first, _, _)| *first == last + 1) {
+            Some((first, last, arm)) => {
                 // Sent ahead: the verifier verifies the root alone there.
-                self.awaited = Some(Awaited::Span { next: first, last });
+                self.awaited = Some(Awaited::Span {
+                    next: first,
+                    last,
+                    arm,
+                });
                 Ok(Applied::Ahead { batch, reported })
             }
             None => Ok(Applied::Next { batch, reported }),
@@ -87,6 +106,7 @@ impl DraftSession {
         &mut self,
         wire: v1::StepOutcome,
         tree: &TokenTree,
+        arm: Arm,
     ) -> Result<(Reported, usize), SessionError> {
         let o = Outcome::from_wire(wire, tree, self.vocab)?;
         self.check_room(o.committed.len())?;
@@ -105,8 +125,10 @@ impl DraftSession {
                 committed: &o.committed,
                 top_k: &o.top_k,
             };
-            self.drafter.drafter().observe(&feedback);
-            self.policy.observe_feedback(&feedback);
+            self.drafter.observe(&feedback);
+            if let Some(p) = self.arms.policy_mut(arm) {
+                p.observe_feedback(&feedback);
+            }
         }
         self.context.extend_from_slice(&o.committed);
         let reported = Reported::verified(tree, ours.unwrap_or_default());
@@ -119,6 +141,7 @@ impl DraftSession {
         &mut self,
         wire: v1::StepOutcome,
         steps: usize,
+        arm: Arm,
     ) -> Result<(Reported, usize), SessionError> {
         let o = SpanOutcome::from_wire(wire, steps, self.vocab)?;
         self.check_room(o.committed.len())?;
@@ -133,8 +156,10 @@ impl DraftSession {
                 committed: &o.committed[i..=i],
                 top_k: o.top_k.get(i..=i).unwrap_or_default(),
             };
-            self.drafter.drafter().observe(&feedback);
-            self.policy.observe_feedback(&feedback);
+            self.drafter.observe(&feedback);
+            if let Some(p) = self.arms.policy_mut(arm) {
+                p.observe_feedback(&feedback);
+            }
             self.context.push(token);
         }
         Ok((Reported::plain(steps as u64), o.batch_size))

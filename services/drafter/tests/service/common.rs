@@ -217,8 +217,7 @@ pub fn draft_start(
         vocab_size: 1000,
         max_draft_tokens,
         max_depth,
-        cost_curve: Vec::new(),
-        sampling: None,
+        ..Default::default()
     }
 }
 

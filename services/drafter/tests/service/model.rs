@@ -69,6 +69,7 @@ async fn sessions_draft_with_the_model_on_plain_text() {
         vocab_size: vocab,
         max_draft_tokens: 8,
         max_depth: 4,
+        sources: v1::DraftSources::DraftModel as i32,
         ..Default::default()
     };
     let mut stream = Stream::start(&mut client, start).await;
@@ -164,6 +165,79 @@ async fn a_self_draft_serves_and_a_foreign_tokenizer_is_refused_at_startup() {
         "{msg}"
     );
     assert!(msg.contains("but the target's has 3"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_of_another_vocabulary_is_refused_naming_both_models() {
+    let path = model_path();
+    let tokenizer = Tokenizer::from_gguf_path(&path).unwrap();
+    let mut cfg = config();
+    cfg.draft_model = Some(model_config(Some(4)));
+    let drafter = Drafter::start(cfg).await;
+    let mut client = drafter.client().await;
+    let start = |fingerprint: u64, sources: v1::DraftSources| v1::DraftStart {
+        session_id: "vocab".into(),
+        tokens: vec![1, 2, 3, 4],
+        prompt_len: 4,
+        vocab_size: 49152,
+        max_draft_tokens: 4,
+        max_depth: 4,
+        sources: sources as i32,
+        target_model: "some-other-target".into(),
+        target_vocab_fingerprint: fingerprint,
+        ..Default::default()
+    };
+    // The right vocabulary: drafted with the model.
+    let mut ok = Stream::start(
+        &mut client,
+        start(tokenizer.vocab_fingerprint(), v1::DraftSources::DraftModel),
+    )
+    .await;
+    assert_eq!(ok.tree().await.step, 0);
+    ok.close().await;
+    // Another one, whether the model is asked for or only possible.
+    for sources in [
+        v1::DraftSources::DraftModel,
+        v1::DraftSources::Combined,
+        v1::DraftSources::Auto,
+    ] {
+        let mut s = Stream::start(&mut client, start(0x1234, sources)).await;
+        let status = s.error().await;
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+        let msg = status.message();
+        assert!(
+            msg.contains("some-other-target") && msg.contains(&path.display().to_string()),
+            "{msg}"
+        );
+        assert!(msg.contains("vocabularies differ"), "{msg}");
+    }
+    // Model-free drafting never touches the model: no refusal.
+    let mut s = Stream::start(&mut client, start(0x1234, v1::DraftSources::ModelFree)).await;
+    assert_eq!(s.tree().await.step, 0);
+    s.close().await;
+    drafter.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asking_for_a_draft_model_the_drafter_lacks_is_refused() {
+    let drafter = Drafter::start(config()).await;
+    let mut client = drafter.client().await;
+    for sources in [v1::DraftSources::DraftModel, v1::DraftSources::Combined] {
+        let start = v1::DraftStart {
+            tokens: vec![1, 2, 3],
+            prompt_len: 3,
+            vocab_size: 100,
+            max_draft_tokens: 4,
+            max_depth: 4,
+            sources: sources as i32,
+            ..Default::default()
+        };
+        let mut s = Stream::start(&mut client, start).await;
+        let status = s.error().await;
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        assert!(status.message().contains("--draft-model"), "{status:?}");
+    }
+    drafter.shutdown().await.unwrap();
 }
 
 /// A three-word Hugging Face tokenizer.

@@ -185,3 +185,14 @@ fn the_last_step_owes_the_drafter_nothing() {
     assert!(v.finished && v.committed.finished && v.committed.eos);
     assert!(v.outcome.is_none());
 }
+
+#[test]
+fn a_refusal_fails_the_run_with_the_drafters_reason() {
+    let mut s = Steps::new(0, BOUNDS, true);
+    let why = "the draft model a cannot draft for the target b";
+    let e = s
+        .plan(Some(Answer::Refused(why.into())), 7, 100)
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(e.to_string().contains(why), "{e}");
+}

@@ -1,0 +1,308 @@
+//! Choosing what to draft with, per step: the model-free drafters, a draft
+//! model, or both merged.
+//!
+//! Each choice ([`Arm`]) keeps a [`SpecPolicy`] of its own, since their
+//! acceptance differs (a draft model of the target's family agrees with it
+//! most of the time; suffix lookup only where text repeats) and so does
+//! their cost (model-free drafting takes microseconds, a draft model one
+//! forward per tree level, priced with [`SpecPolicy::set_level_cost`]).
+//! Every step goes to the arm whose best budget promises the most tokens
+//! per unit of time; "off" is every arm's fallback, so choosing an arm is
+//! never worse than its policy's own answer.
+//!
+//! Only the arm used learns from a step, so an arm that lost once would
+//! never be measured again. So an arm not yet tried, or not used for
+//! [`Arms::EXPLORE_INTERVAL`] steps, gets the next step, but only when it
+//! could win: its [`SpecPolicy::upper_bound`] (every drafted token
+//! accepted, at its known drafting cost) beats the best expected speed-up
+//! of the others (an untried arm's resting on its prior). A draft model that costs nearly a verify step per level
+//! is then never tried at all, sparing the session its prefill. Both
+//! rules are deterministic, like the policy's own probing.
+
+use super::{CostCurve, Decision, PolicyConfig, PolicyError, SpecPolicy};
+
+/// What a session may draft with, as the request asked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Sources {
+    /// The policy chooses per step among what the drafter has.
+    #[default]
+    Auto,
+    /// Suffix decoding, prompt lookup and token recycling only.
+    ModelFree,
+    /// The draft model only.
+    DraftModel,
+    /// The draft model and the model-free drafters, merged into one tree.
+    Combined,
+}
+
+impl Sources {
+    /// Whether these sources need a draft model.
+    pub fn needs_model(self) -> bool {
+        matches!(self, Sources::DraftModel | Sources::Combined)
+    }
+
+    /// The arms a session chooses among, given whether the drafter has a
+    /// draft model. Empty when the request needs a model there is not.
+    pub fn arms(self, has_model: bool) -> Vec<Arm> {
+        match (self, has_model) {
+            (Sources::Auto, true) => vec![Arm::ModelFree, Arm::Combined],
+            (Sources::Auto | Sources::ModelFree, _) => vec![Arm::ModelFree],
+            (Sources::DraftModel, true) => vec![Arm::Model],
+            (Sources::Combined, true) => vec![Arm::Combined],
+            (Sources::DraftModel | Sources::Combined, false) => Vec::new(),
+        }
+    }
+}
+
+/// One way of drafting a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arm {
+    ModelFree,
+    Model,
+    Combined,
+}
+
+impl Arm {
+    /// Whether this arm runs the draft model.
+    pub fn uses_model(self) -> bool {
+        !matches!(self, Arm::ModelFree)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arm::ModelFree => "model-free",
+            Arm::Model => "draft-model",
+            Arm::Combined => "combined",
+        }
+    }
+}
+
+/// The arms of one session and their policies; see the module docs.
+#[derive(Clone, Debug)]
+pub struct Arms {
+    arms: Vec<(Arm, SpecPolicy)>,
+    /// Steps since each arm was last used.
+    idle: Vec<u32>,
+    /// Steps each arm drafted.
+    used: Vec<u64>,
+}
+
+impl Arms {
+    /// An arm unused for this many steps gets the next one.
+    pub const EXPLORE_INTERVAL: u32 = 32;
+
+    /// A policy per arm of `arms` (at least one, no repeats), all on the
+    /// verifier's `curve`.
+    pub fn new(arms: &[Arm], curve: CostCurve, config: PolicyConfig) -> Result<Arms, PolicyError> {
+        if arms.is_empty() {
+            return Err(PolicyError::BadConfig {
+                field: "arms",
+                value: 0.0,
+                reason: "at least one arm is needed",
+            });
+        }
+        let mut list: Vec<(Arm, SpecPolicy)> = Vec::with_capacity(arms.len());
+        for &a in arms {
+            if list.iter().any(|(b, _)| *b == a) {
+                return Err(PolicyError::BadConfig {
+                    field: "arms",
+                    value: list.len() as f64,
+                    reason: "an arm is listed twice",
+                });
+            }
+            list.push((a, SpecPolicy::new(curve.clone(), config.clone())?));
+        }
+        Ok(Arms {
+            idle: vec![0; list.len()],
+            used: vec![0; list.len()],
+            arms: list,
+        })
+    }
+
+    /// The arms, in the order given.
+    pub fn arms(&self) -> impl Iterator<Item = Arm> + '_ {
+        self.arms.iter().map(|(a, _)| *a)
+    }
+
+    pub fn policy(&self, arm: Arm) -> Option<&SpecPolicy> {
+        self.arms.iter().find(|(a, _)| *a == arm).map(|(_, p)| p)
+    }
+
+    pub fn policy_mut(&mut self, arm: Arm) -> Option<&mut SpecPolicy> {
+        self.arms
+            .iter_mut()
+            .find(|(a, _)| *a == arm)
+            .map(|(_, p)| p)
+    }
+
+    /// Steps `arm` drafted so far.
+    pub fn used(&self, arm: Arm) -> u64 {
+        self.index(arm).map_or(0, |i| self.used[i])
+    }
+
+    fn index(&self, arm: Arm) -> Option<usize> {
+        self.arms.iter().position(|(a, _)| *a == arm)
+    }
+
+    /// The arm for the next step when the verifier batches `batch`
+    /// sessions, and its decision for a run of at most `max_steps` steps
+    /// (see [`SpecPolicy::decide_run`]).
+    pub fn decide_run(&mut self, batch: usize, max_steps: usize) -> (Arm, Decision, usize) {
+        let i = self.choose(batch);
+        for (j, idle) in self.idle.iter_mut().enumerate() {
+            *idle = if j == i { 0 } else { idle.saturating_add(1) };
+        }
+        let (arm, policy) = &mut self.arms[i];
+        let (decision, steps) = policy.decide_run(batch, max_steps);
+        if !decision.budget.is_off() {
+            self.used[i] += 1;
+        }
+        (*arm, decision, steps)
+    }
+
+    /// The index of the arm to use: an untried or idle one that could
+    /// win, else the best expected speed-up (ties: the earlier arm).
+    fn choose(&self, batch: usize) -> usize {
+        if self.arms.len() == 1 {
+            return 0;
+        }
+        let speedups: Vec<f64> = self
+            .arms
+            .iter()
+            .map(|(_, p)| p.best(batch).expected_speedup())
+            .collect();
+        // The others' estimates (an untried arm's rests on its prior).
+        let best_other = |except: usize| {
+            speedups
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != except)
+                .map(|(_, &s)| s)
+                .fold(1.0, f64::max)
+        };
+        for (i, (_, p)) in self.arms.iter().enumerate() {
+            let stale = self.used[i] == 0 || self.idle[i] >= Self::EXPLORE_INTERVAL;
+            if stale && p.upper_bound(batch) > best_other(i) * (1.0 + 1e-9) {
+                return i;
+            }
+        }
+        let mut best = 0;
+        for (i, &s) in speedups.iter().enumerate() {
+            if s > speedups[best] * (1.0 + 1e-9) {
+                best = i;
+            }
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arms(list: &[Arm]) -> Arms {
+        Arms::new(list, CostCurve::cpu_default(), PolicyConfig::default()).unwrap()
+    }
+
+    /// Teaches `arm` a per-depth acceptance of `rate` over chains of 8.
+    fn train(a: &mut Arms, arm: Arm, rate: f64) {
+        let p = a.policy_mut(arm).unwrap();
+        let mut acc = 0.0;
+        for _ in 0..200 {
+            let mut accepted = 0;
+            while accepted < 8 {
+                acc += rate;
+                if acc >= 1.0 {
+                    acc -= 1.0;
+                    accepted += 1;
+                } else {
+                    break;
+                }
+            }
+            p.observe(8, accepted);
+        }
+    }
+
+    #[test]
+    fn sources_name_their_arms() {
+        assert_eq!(Sources::Auto.arms(true), [Arm::ModelFree, Arm::Combined]);
+        assert_eq!(Sources::Auto.arms(false), [Arm::ModelFree]);
+        assert_eq!(Sources::ModelFree.arms(true), [Arm::ModelFree]);
+        assert_eq!(Sources::DraftModel.arms(true), [Arm::Model]);
+        assert!(Sources::DraftModel.arms(false).is_empty());
+        assert!(Sources::Combined.arms(false).is_empty());
+        assert!(Sources::Combined.needs_model() && !Sources::Auto.needs_model());
+    }
+
+    #[test]
+    fn arms_are_checked() {
+        let c = CostCurve::cpu_default;
+        assert!(Arms::new(&[], c(), PolicyConfig::default()).is_err());
+        assert!(Arms::new(&[Arm::Model, Arm::Model], c(), PolicyConfig::default()).is_err());
+    }
+
+    #[test]
+    fn an_arm_that_cannot_win_is_never_tried() {
+        let mut a = arms(&[Arm::ModelFree, Arm::Combined]);
+        // A draft forward costing a whole verify step per level: even if
+        // the target accepted everything, the model would not pay.
+        a.policy_mut(Arm::Combined).unwrap().set_level_cost(1.0);
+        assert!(a.policy(Arm::Combined).unwrap().upper_bound(1) < 1.2);
+        train(&mut a, Arm::ModelFree, 0.6);
+        for _ in 0..100 {
+            assert_eq!(a.decide_run(1, 1).0, Arm::ModelFree);
+        }
+        assert_eq!(a.used(Arm::Combined), 0);
+    }
+
+    #[test]
+    fn untried_arms_go_first_then_the_faster_wins() {
+        let mut a = arms(&[Arm::ModelFree, Arm::Combined]);
+        // Both untried and free to draft: the first, then the other.
+        assert_eq!(a.decide_run(1, 1).0, Arm::ModelFree);
+        assert_eq!(a.decide_run(1, 1).0, Arm::Combined);
+        // The model accepts 95% per depth but costs 0.4 plain steps per
+        // level; model-free accepts 30%: the model pays.
+        train(&mut a, Arm::Combined, 0.95);
+        train(&mut a, Arm::ModelFree, 0.3);
+        a.policy_mut(Arm::Combined).unwrap().set_level_cost(0.4);
+        assert_eq!(a.decide_run(1, 1).0, Arm::Combined);
+        // The same model costing 3 plain steps per level does not.
+        a.policy_mut(Arm::Combined).unwrap().set_level_cost(3.0);
+        let (arm, d, _) = a.decide_run(1, 1);
+        assert_eq!(arm, Arm::ModelFree, "{d:?}");
+    }
+
+    #[test]
+    fn an_idle_arm_is_measured_again() {
+        let mut a = arms(&[Arm::ModelFree, Arm::Combined]);
+        a.decide_run(1, 1);
+        a.decide_run(1, 1);
+        // Combined accepts little: it loses on its estimate, but all
+        // accepted it could win, so it is measured again now and then.
+        train(&mut a, Arm::ModelFree, 0.6);
+        train(&mut a, Arm::Combined, 0.1);
+        a.policy_mut(Arm::Combined).unwrap().set_level_cost(0.05);
+        let picks: Vec<Arm> = (0..=Arms::EXPLORE_INTERVAL + 1)
+            .map(|_| a.decide_run(1, 1).0)
+            .collect();
+        let combined = picks.iter().filter(|&&p| p == Arm::Combined).count();
+        assert_eq!(combined, 1, "{picks:?}");
+        assert_eq!(picks[Arms::EXPLORE_INTERVAL as usize], Arm::Combined);
+    }
+
+    #[test]
+    fn a_costly_drafter_drafts_shallower() {
+        let mut a = arms(&[Arm::Model]);
+        train(&mut a, Arm::Model, 0.9);
+        let free = a.policy(Arm::Model).unwrap().best(1);
+        a.policy_mut(Arm::Model).unwrap().set_level_cost(0.5);
+        let costly = a.policy(Arm::Model).unwrap().best(1);
+        assert!(
+            costly.budget.max_depth < free.budget.max_depth,
+            "{free:?} vs {costly:?}"
+        );
+        a.policy_mut(Arm::Model).unwrap().set_level_cost(10.0);
+        assert!(a.policy(Arm::Model).unwrap().best(1).budget.is_off());
+    }
+}

@@ -1,0 +1,60 @@
+//! One service binary started on its own (not through `specmesh up`), for
+//! layouts `up` does not build: killed when dropped.
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use crate::binary;
+
+#[derive(Debug)]
+pub struct Service {
+    child: Child,
+    /// `http://ADDR` as the service printed it.
+    pub url: String,
+}
+
+impl Service {
+    /// Starts `name` (`specmesh-drafter`, …) with `args` on a free loopback
+    /// port and waits for its `NAME listening on ADDR` line.
+    pub fn start<S: AsRef<OsStr>>(name: &str, args: &[S], env: &[(&str, &str)]) -> Service {
+        let mut cmd = Command::new(binary(name));
+        cmd.args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("SPECMESH_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let prefix = format!("{name} listening on ");
+        let addr = loop {
+            let line = lines
+                .next()
+                .unwrap_or_else(|| panic!("{name} exited before listening"))
+                .expect("reading stdout");
+            if let Some(a) = line.strip_prefix(&prefix) {
+                break a.trim().to_string();
+            }
+        };
+        // Keep draining stdout so the service never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Service {
+            child,
+            url: format!("http://{addr}"),
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

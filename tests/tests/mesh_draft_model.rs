@@ -1,0 +1,160 @@
+//! Drafting with a draft model through the three services: the request's
+//! speculation mode chooses the drafters (draft model only, or merged with
+//! the model-free ones), greedy output stays identical to plain decoding,
+//! and a draft model that cannot serve the target is refused with
+//! FAILED_PRECONDITION naming both models.
+
+use specmesh_e2e::mesh::{Mesh, chat_request, with_mode, without_speculation};
+use specmesh_e2e::model_path;
+use specmesh_e2e::service::Service;
+use specmesh_proto::v1;
+use specmesh_proto::v1::generation_client::GenerationClient;
+use tonic::Code;
+
+/// A verify cost that barely grows with the tree, so the policy drafts with
+/// the self-draft however its measured forward compares to the target's:
+/// this test is about what the draft model's trees do, not whether they pay.
+const FLAT_CURVE: &str = "1:1,2:1.01,4:1.02,8:1.04,16:1.08,32:1.16,64:1.32";
+
+const PROMPTS: [&str; 3] = [
+    "List the planets of the solar system in order from the sun.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain in two sentences why the sky is blue.",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draft_model_and_combined_greedy_match_plain_decoding() {
+    let mesh = Mesh::start_with_draft_model(
+        &model_path(),
+        &[
+            ("SPECMESH_DRAFTER_SELF_DRAFT_LAYERS", "8"),
+            ("SPECMESH_VERIFIER_COST_CURVE", FLAT_CURVE),
+        ],
+    );
+    let mut client = mesh.client().await;
+    let mut drafted = 0;
+    for text in PROMPTS {
+        let off = client
+            .generate(without_speculation(chat_request(text, 48)))
+            .await
+            .unwrap()
+            .into_inner();
+        for mode in [
+            v1::SpeculationMode::DraftModel,
+            v1::SpeculationMode::Combined,
+        ] {
+            let r = client
+                .generate(with_mode(chat_request(text, 48), mode))
+                .await
+                .unwrap_or_else(|s| panic!("{mode:?}: {s:?}"))
+                .into_inner();
+            assert_eq!(
+                r.token_ids, off.token_ids,
+                "{mode:?} changed the answer to {text:?}"
+            );
+            let s = r.speculation.unwrap_or_default();
+            if mode == v1::SpeculationMode::DraftModel {
+                drafted += s.drafted_tokens;
+            }
+        }
+    }
+    assert!(drafted > 0, "the draft model never drafted");
+}
+
+/// SmolLM2 as the target and a drafter whose draft model is Qwen2.5-Coder
+/// (another tokenizer), started without a target tokenizer to check at load:
+/// each session is checked when it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draft_model_of_another_vocabulary_is_refused_naming_both() {
+    let target = model_path();
+    let target_name = target.display().to_string();
+    let verifier = Service::start(
+        "specmesh-verifier",
+        &[
+            "--model",
+            &target_name,
+            "--cost-curve",
+            FLAT_CURVE,
+            "--threads",
+            "2",
+        ],
+        &[],
+    );
+    let drafter = Service::start(
+        "specmesh-drafter",
+        &[
+            "--draft-model",
+            "qwen2.5-coder-0.5b",
+            "--draft-model-threads",
+            "2",
+        ],
+        &[],
+    );
+    let plain_drafter = Service::start("specmesh-drafter", &[] as &[&str], &[]);
+    let gateway = |drafter: &Service| {
+        Service::start(
+            "specmesh-gateway",
+            &[
+                "--model",
+                &target_name,
+                "--verifiers",
+                &verifier.url,
+                "--drafters",
+                &drafter.url,
+            ],
+            &[],
+        )
+    };
+    let mismatched = gateway(&drafter);
+    let mut client = GenerationClient::connect(mismatched.url.clone())
+        .await
+        .unwrap();
+    for mode in [
+        v1::SpeculationMode::DraftModel,
+        v1::SpeculationMode::Combined,
+        v1::SpeculationMode::Unspecified,
+    ] {
+        let status = client
+            .generate(with_mode(chat_request(PROMPTS[0], 8), mode))
+            .await
+            .expect_err("a draft model of another vocabulary cannot draft");
+        assert_eq!(
+            status.code(),
+            Code::FailedPrecondition,
+            "{mode:?}: {status:?}"
+        );
+        let msg = status.message();
+        assert!(
+            msg.contains("qwen2.5-coder-0.5b") && msg.contains(&target_name),
+            "{mode:?}: the message names both models: {msg}"
+        );
+    }
+    // Plain decoding and model-free drafting never use the draft model.
+    for mode in [v1::SpeculationMode::Off, v1::SpeculationMode::ModelFree] {
+        let r = client
+            .generate(with_mode(chat_request(PROMPTS[0], 8), mode))
+            .await
+            .unwrap_or_else(|s| panic!("{mode:?}: {s:?}"));
+        assert_eq!(r.into_inner().token_ids.len(), 8);
+    }
+
+    // A drafter without a draft model refuses the modes that need one.
+    let no_model = gateway(&plain_drafter);
+    let mut client = GenerationClient::connect(no_model.url.clone())
+        .await
+        .unwrap();
+    let status = client
+        .generate(with_mode(
+            chat_request(PROMPTS[0], 8),
+            v1::SpeculationMode::DraftModel,
+        ))
+        .await
+        .expect_err("no draft model to draft with");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("--draft-model"), "{status:?}");
+    let r = client
+        .generate(chat_request(PROMPTS[0], 8))
+        .await
+        .expect("automatic speculation drafts model-free");
+    assert_eq!(r.into_inner().token_ids.len(), 8);
+}
