@@ -33,7 +33,7 @@ use specmesh_draft::{
     Sources, SuffixConfig, SuffixDrafter, TenantKey, TokenRecycler, TokenTree,
 };
 use specmesh_draft_model::{DraftOptions, DrafterStats, ModelDrafter};
-use specmesh_proto::TargetModel;
+use specmesh_proto::{StartSpec, TargetModel};
 use specmesh_sampling::SamplingParams;
 use specmesh_tree::merge;
 use tokio::sync::OwnedSemaphorePermit;
@@ -58,6 +58,17 @@ impl DrafterSet {
             })
         });
         DrafterSet { index, model }
+    }
+
+    /// The drafter of the session `spec` starts; see [`Self::for_session`].
+    pub fn for_spec(&self, spec: &StartSpec) -> Result<SessionDrafter, ModelRefusal> {
+        self.for_session(
+            &spec.tenant,
+            spec.vocab,
+            &spec.sampling,
+            spec.sources,
+            &spec.target,
+        )
     }
 
     /// The drafter of a new session of `tenant` over a vocabulary of
@@ -92,6 +103,7 @@ impl DrafterSet {
         }
         let mut model = None;
         let mut forward_secs = None;
+        let mut prefill_token_secs = None;
         if let Some(m) = self
             .model
             .as_ref()
@@ -100,6 +112,7 @@ impl DrafterSet {
             m.check_target(target, vocab)?;
             model = model_drafter(m, vocab, sampling);
             forward_secs = m.forward_secs();
+            prefill_token_secs = m.prefill_token_secs();
             if model.is_none() {
                 // No slot: the session drafts model-free rather than not at all.
                 arms = vec![Arm::ModelFree];
@@ -110,6 +123,7 @@ impl DrafterSet {
             model,
             arms,
             forward_secs,
+            prefill_token_secs,
         })
     }
 
@@ -160,6 +174,8 @@ pub struct SessionDrafter {
     arms: Vec<Arm>,
     /// The draft model's measured seconds per forward, when known.
     forward_secs: Option<f64>,
+    /// And per prefilled token.
+    prefill_token_secs: Option<f64>,
 }
 
 impl fmt::Debug for SessionDrafter {
@@ -182,6 +198,16 @@ impl SessionDrafter {
     /// loaded.
     pub fn forward_secs(&self) -> Option<f64> {
         self.forward_secs.filter(|_| self.model.is_some())
+    }
+
+    /// Seconds the draft model would spend catching up on a context of
+    /// `context_len` tokens before it can draft (0 when it holds it all, or
+    /// without a model).
+    pub fn catch_up_secs(&self, context_len: usize) -> f64 {
+        match (&self.model, self.prefill_token_secs) {
+            (Some((m, _)), Some(per)) => context_len.saturating_sub(m.cached_len()) as f64 * per,
+            _ => 0.0,
+        }
     }
 
     /// The arms the session's policy chooses among; never empty.

@@ -68,6 +68,9 @@ pub struct DraftModel {
     /// Seconds of one forward over one token, measured at load: a new
     /// session prices a tree level with it before it has drafted one.
     forward_secs: Option<f64>,
+    /// Seconds per token of a 64-token prefill, measured at load: what a
+    /// session pays to catch the model up on context it has not seen.
+    prefill_token_secs: Option<f64>,
     slots: Arc<Semaphore>,
 }
 
@@ -139,9 +142,14 @@ impl DraftModel {
                 })?,
             None => full,
         };
-        let forward_secs = specmesh_model::cost::measure(&model, 64, &[1], 5)
-            .ok()
-            .and_then(|s| s.first().map(|s| s.median));
+        let timed = specmesh_model::cost::measure(&model, 64, &[1, 64], 3).ok();
+        let at = |k: usize| {
+            timed
+                .as_ref()
+                .and_then(|s| s.iter().find(|s| s.k == k).map(|s| s.median))
+        };
+        let forward_secs = at(1);
+        let prefill_token_secs = at(64).map(|t| t / 64.0);
         tracing::info!(
             path = %cfg.path.display(),
             forward_ms = forward_secs.map(|s| s * 1e3),
@@ -158,6 +166,7 @@ impl DraftModel {
             cfg.max_sessions,
         );
         m.forward_secs = forward_secs;
+        m.prefill_token_secs = prefill_token_secs;
         Ok(m)
     }
 
@@ -175,6 +184,7 @@ impl DraftModel {
             name,
             vocab_fingerprint,
             forward_secs: None,
+            prefill_token_secs: None,
             slots: Arc::new(Semaphore::new(max_sessions)),
         }
     }
@@ -182,6 +192,11 @@ impl DraftModel {
     /// Seconds of one forward over one token, when measured.
     pub fn forward_secs(&self) -> Option<f64> {
         self.forward_secs
+    }
+
+    /// Seconds per token of a prefill, when measured.
+    pub fn prefill_token_secs(&self) -> Option<f64> {
+        self.prefill_token_secs
     }
 
     /// Refuses a target whose vocabulary is not the draft model's: another

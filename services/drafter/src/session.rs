@@ -161,6 +161,14 @@ struct Untimed {
 /// this is a prefill: its time says nothing about a tree level's.
 const MAX_LEVEL_CATCH_UP: u64 = 16;
 
+/// The acceptance a draft model's arm assumes before it has drafted: a
+/// smaller model of the target's family agrees with it most of the time
+/// (Qwen2.5-Coder-0.5B drafting greedily for the 1.5B: 88% per depth on
+/// code, docs/performance.md). The model-free drafters' prior of 0.5 made
+/// the first step decline the model and leave it off for a whole probe
+/// interval.
+const MODEL_PRIOR_ACCEPT: f64 = 0.8;
+
 /// Weight of a new sample in the draft model's per-forward time.
 const FORWARD_EMA: f64 = 0.2;
 
@@ -217,6 +225,11 @@ impl DraftSession {
         };
         let mut arms = Arms::new(drafter.arms(), spec.curve, config)
             .map_err(|e| SessionError::Internal(format!("policy config: {e}")))?;
+        for &arm in drafter.arms() {
+            if let Some(p) = arms.policy_mut(arm).filter(|_| arm.uses_model()) {
+                p.stats_mut().set_prior(MODEL_PRIOR_ACCEPT);
+            }
+        }
         let forward_secs = drafter.forward_secs();
         if let Some(secs) = spec.target.step_seconds {
             for &arm in drafter.arms() {
@@ -382,6 +395,7 @@ impl DraftSession {
     ///
     /// [`plan`]: DraftSession::plan
     fn plan_run(&mut self, batch: usize, max_steps: usize) -> (Plan, usize) {
+        self.price_switches();
         let (arm, decided, steps) = self.arms.decide_run(batch.max(1), max_steps);
         let budget = Budget {
             max_nodes: decided.budget.max_nodes.min(self.max_draft_tokens + 1),
@@ -394,6 +408,21 @@ impl DraftSession {
             budget,
         };
         (plan, steps)
+    }
+
+    /// Tells the arms what the draft model's catch-up on the context would
+    /// cost now, in plain steps.
+    fn price_switches(&mut self) {
+        let secs = self.drafter.catch_up_secs(self.context.len());
+        for &arm in self.drafter.arms() {
+            if !arm.uses_model() {
+                continue;
+            }
+            let unit = self.arms.policy(arm).and_then(|p| p.timing().plain_secs());
+            if let Some(unit) = unit {
+                self.arms.set_switch_cost(arm, secs / unit);
+            }
+        }
     }
 
     /// Drafts the tree for `plan` and awaits its outcome.

@@ -166,13 +166,7 @@ impl DraftStream {
         let drafter = self
             .shared
             .drafters
-            .for_session(
-                &spec.tenant,
-                spec.vocab,
-                &spec.sampling,
-                spec.sources,
-                &spec.target,
-            )
+            .for_spec(&spec)
             .map_err(|e| SessionError::Precondition(e.to_string()))?;
         tracing::info!(
             tokens = spec.tokens.len(),

@@ -124,7 +124,9 @@ pub enum ValidationError {
     /// A field the wire conversion refused (`sampling.*`).
     #[error(transparent)]
     Field(#[from] specmesh_proto::FieldError),
-    #[error("`speculation.mode` must be 0 (unspecified), 1 (off) or 2 (model-free), got {0}")]
+    #[error(
+        "`speculation.mode` must be 0 (unspecified), 1 (off), 2 (model-free), 3 (draft model) or 4 (combined), got {0}"
+    )]
     SpeculationMode(i32),
     #[error("`speculation.max_draft_tokens` must be at most {max}, got {got}")]
     MaxDraftTokens { max: u32, got: u32 },

@@ -15,7 +15,17 @@
 //! [`Arms::EXPLORE_INTERVAL`] steps, gets the next step, but only when it
 //! could win: its [`SpecPolicy::upper_bound`] (every drafted token
 //! accepted, at its known drafting cost) beats the best expected speed-up
-//! of the others (an untried arm's resting on its prior). A draft model that costs nearly a verify step per level
+//! of the others (an untried arm's resting on its prior), and only once
+//! every arm listed before it has drafted [`Arms::MIN_EVIDENCE`] steps:
+//! arms are listed cheapest first, and a draft model's first step costs
+//! the prefill of the whole context, worth paying only against a measured
+//! alternative, not a prior.
+//!
+//! Switching has a price of its own: a draft model that has not seen the
+//! context yet must prefill it first ([`Arms::set_switch_cost`], in plain
+//! steps). An arm is only chosen, or explored, when its advantage repays
+//! that within [`Arms::HORIZON`] steps, so a long prompt (retrieval,
+//! summarization) is not prefilled twice for a few tokens of gain. A draft model that costs nearly a verify step per level
 //! is then never tried at all, sparing the session its prefill. Both
 //! rules are deterministic, like the policy's own probing.
 
@@ -85,11 +95,32 @@ pub struct Arms {
     idle: Vec<u32>,
     /// Steps each arm drafted.
     used: Vec<u64>,
+    /// Steps each arm decided, drafting or not.
+    decided: Vec<u64>,
+    /// What using each arm next costs once, in plain steps.
+    switch_cost: Vec<f64>,
 }
 
 impl Arms {
     /// An arm unused for this many steps gets the next one.
     pub const EXPLORE_INTERVAL: u32 = 32;
+    /// Steps every earlier arm decides (drafting or not) before a later
+    /// one is explored.
+    pub const MIN_EVIDENCE: u64 = 8;
+    /// Steps within which a switch must repay its cost.
+    pub const HORIZON: f64 = 64.0;
+
+    /// Using `arm` next costs `plain_steps` once (a draft model catching
+    /// up on the context it has not seen); 0 once it has. Not a finite
+    /// non-negative number: ignored.
+    pub fn set_switch_cost(&mut self, arm: Arm, plain_steps: f64) {
+        if let Some(i) = self.index(arm)
+            && plain_steps.is_finite()
+            && plain_steps >= 0.0
+        {
+            self.switch_cost[i] = plain_steps;
+        }
+    }
 
     /// A policy per arm of `arms` (at least one, no repeats), all on the
     /// verifier's `curve`.
@@ -115,6 +146,8 @@ impl Arms {
         Ok(Arms {
             idle: vec![0; list.len()],
             used: vec![0; list.len()],
+            decided: vec![0; list.len()],
+            switch_cost: vec![0.0; list.len()],
             arms: list,
         })
     }
@@ -157,6 +190,7 @@ impl Arms {
         if !decision.budget.is_off() {
             self.used[i] += 1;
         }
+        self.decided[i] += steps as u64;
         (*arm, decision, steps)
     }
 
@@ -166,10 +200,14 @@ impl Arms {
         if self.arms.len() == 1 {
             return 0;
         }
+        // Each arm's expected speed-up, less its switch cost spread over
+        // the horizon.
+        let amortised = |i: usize| self.switch_cost[i] / Self::HORIZON;
         let speedups: Vec<f64> = self
             .arms
             .iter()
-            .map(|(_, p)| p.best(batch).expected_speedup())
+            .enumerate()
+            .map(|(i, (_, p))| p.best(batch).expected_speedup() - amortised(i))
             .collect();
         // The others' estimates (an untried arm's rests on its prior).
         let best_other = |except: usize| {
@@ -182,7 +220,9 @@ impl Arms {
         };
         for (i, (_, p)) in self.arms.iter().enumerate() {
             let stale = self.used[i] == 0 || self.idle[i] >= Self::EXPLORE_INTERVAL;
-            if stale && p.upper_bound(batch) > best_other(i) * (1.0 + 1e-9) {
+            let measured = self.decided[..i].iter().all(|&u| u >= Self::MIN_EVIDENCE);
+            let bound = p.upper_bound(batch) - amortised(i);
+            if stale && measured && bound > best_other(i) * (1.0 + 1e-9) {
                 return i;
             }
         }
@@ -206,21 +246,7 @@ mod tests {
 
     /// Teaches `arm` a per-depth acceptance of `rate` over chains of 8.
     fn train(a: &mut Arms, arm: Arm, rate: f64) {
-        let p = a.policy_mut(arm).unwrap();
-        let mut acc = 0.0;
-        for _ in 0..200 {
-            let mut accepted = 0;
-            while accepted < 8 {
-                acc += rate;
-                if acc >= 1.0 {
-                    acc -= 1.0;
-                    accepted += 1;
-                } else {
-                    break;
-                }
-            }
-            p.observe(8, accepted);
-        }
+        crate::policy::tests::observe_chains(a.policy_mut(arm).unwrap(), rate, 200);
     }
 
     #[test]
@@ -258,8 +284,11 @@ mod tests {
     #[test]
     fn untried_arms_go_first_then_the_faster_wins() {
         let mut a = arms(&[Arm::ModelFree, Arm::Combined]);
-        // Both untried and free to draft: the first, then the other.
-        assert_eq!(a.decide_run(1, 1).0, Arm::ModelFree);
+        // Both untried and free to draft: the first until it has evidence,
+        // then the other.
+        for _ in 0..Arms::MIN_EVIDENCE {
+            assert_eq!(a.decide_run(1, 1).0, Arm::ModelFree);
+        }
         assert_eq!(a.decide_run(1, 1).0, Arm::Combined);
         // The model accepts 95% per depth but costs 0.4 plain steps per
         // level; model-free accepts 30%: the model pays.
@@ -274,10 +303,29 @@ mod tests {
     }
 
     #[test]
+    fn a_switch_that_cannot_repay_its_catch_up_is_not_made() {
+        let mut a = arms(&[Arm::ModelFree, Arm::Combined]);
+        train(&mut a, Arm::ModelFree, 0.3);
+        a.policy_mut(Arm::Combined).unwrap().set_level_cost(0.2);
+        // A long context to prefill first: 200 plain steps' worth.
+        a.set_switch_cost(Arm::Combined, 200.0);
+        for _ in 0..64 {
+            assert_eq!(a.decide_run(1, 1).0, Arm::ModelFree);
+        }
+        // Once caught up (a short context), it is worth a try.
+        a.set_switch_cost(Arm::Combined, 1.0);
+        assert_eq!(a.decide_run(1, 1).0, Arm::Combined);
+        a.set_switch_cost(Arm::Combined, f64::NAN);
+        assert_eq!(a.switch_cost[1], 1.0);
+    }
+
+    #[test]
     fn an_idle_arm_is_measured_again() {
         let mut a = arms(&[Arm::ModelFree, Arm::Combined]);
-        a.decide_run(1, 1);
-        a.decide_run(1, 1);
+        for _ in 0..=Arms::MIN_EVIDENCE {
+            a.decide_run(1, 1);
+        }
+        assert_eq!(a.used(Arm::Combined), 1);
         // Combined accepts little: it loses on its estimate, but all
         // accepted it could win, so it is measured again now and then.
         train(&mut a, Arm::ModelFree, 0.6);

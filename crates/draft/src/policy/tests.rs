@@ -12,6 +12,13 @@ fn policy_with(rate: f64, curve: CostCurve) -> SpecPolicy {
 /// pattern).
 fn trained(rate: f64, steps: usize) -> SpecPolicy {
     let mut p = SpecPolicy::new(CostCurve::cpu_default(), PolicyConfig::default()).unwrap();
+    observe_chains(&mut p, rate, steps);
+    p
+}
+
+/// Shows `p` `steps` chain steps of 8 that accept each depth with
+/// probability `rate` in the long run (a deterministic pattern).
+pub(super) fn observe_chains(p: &mut SpecPolicy, rate: f64, steps: usize) {
     let mut acc = 0.0;
     for _ in 0..steps {
         let mut accepted = 0;
@@ -26,7 +33,6 @@ fn trained(rate: f64, steps: usize) -> SpecPolicy {
         }
         p.observe(8, accepted);
     }
-    p
 }
 
 #[test]

@@ -28,15 +28,7 @@ fn bounded(
         ..Default::default()
     };
     let spec = crate::validate::start(start, 1000).unwrap();
-    let drafter = DrafterSet::new(0, None)
-        .for_session(
-            &spec.tenant,
-            spec.vocab,
-            &spec.sampling,
-            spec.sources,
-            &spec.target,
-        )
-        .unwrap();
+    let drafter = DrafterSet::new(0, None).for_spec(&spec).unwrap();
     DraftSession::new(spec, drafter, max_context, false).unwrap()
 }
 
@@ -62,15 +54,7 @@ fn not_paying(pipeline: bool, max_context: usize) -> DraftSession {
     };
     let spec = crate::validate::start(start, 1000).unwrap();
     assert!(spec.curve_fallback.is_none());
-    let drafter = DrafterSet::new(0, None)
-        .for_session(
-            &spec.tenant,
-            spec.vocab,
-            &spec.sampling,
-            spec.sources,
-            &spec.target,
-        )
-        .unwrap();
+    let drafter = DrafterSet::new(0, None).for_spec(&spec).unwrap();
     DraftSession::new(spec, drafter, max_context, pipeline).unwrap()
 }
 

@@ -193,11 +193,11 @@ async fn speculation_settings_are_checked() {
     };
     assert_eq!(
         refused(with(7, 0)).await,
-        "`speculation.mode` must be 0 (unspecified), 1 (off) or 2 (model-free), got 7"
+        "`speculation.mode` must be 0 (unspecified), 1 (off), 2 (model-free), 3 (draft model) or 4 (combined), got 7"
     );
     assert_eq!(
         refused(with(-1, 0)).await,
-        "`speculation.mode` must be 0 (unspecified), 1 (off) or 2 (model-free), got -1"
+        "`speculation.mode` must be 0 (unspecified), 1 (off), 2 (model-free), 3 (draft model) or 4 (combined), got -1"
     );
     assert_eq!(
         refused(with(2, 17)).await,
@@ -211,6 +211,18 @@ async fn speculation_settings_are_checked() {
             max_draft_tokens: 5
         }
     );
+    assert!(!valid.speculation.speculates());
+    // Each mode reaches the drafter as its sources.
+    for (mode, sources) in [
+        (0, v1::DraftSources::Auto),
+        (2, v1::DraftSources::ModelFree),
+        (3, v1::DraftSources::DraftModel),
+        (4, v1::DraftSources::Combined),
+    ] {
+        let valid = validator().validate(with(mode, 0)).await.unwrap();
+        assert!(valid.speculation.speculates());
+        assert_eq!(valid.speculation.sources(), sources, "mode {mode}");
+    }
 }
 
 #[tokio::test]
