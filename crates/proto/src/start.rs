@@ -44,6 +44,8 @@ pub struct StartSpec {
     pub sources: Sources,
     /// The target model the verifier holds.
     pub target: TargetModel,
+    /// The verifier's batch as the session starts, at least 1.
+    pub batch_size: usize,
 }
 
 /// The verifier's target model, as a drafter checks its draft model
@@ -136,6 +138,7 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             target_model,
             target_vocab_fingerprint,
             target_step_seconds,
+            batch_size,
         } = start;
         check_id("start.session_id", &session_id)?;
         check_id("start.tenant", &tenant)?;
@@ -207,6 +210,7 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             sampling,
             sources,
             target,
+            batch_size: (batch_size as usize).max(1),
         })
     }
 }

@@ -61,9 +61,6 @@ use crate::drafters::SessionDrafter;
 use crate::error::SessionError;
 use specmesh_proto::StartSpec;
 
-/// The verifier's batch size assumed for step 0 (the start carries none).
-const FIRST_STEP_BATCH: usize = 1;
-
 /// What [`DraftSession::apply`] made of an outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
@@ -183,6 +180,8 @@ pub struct DraftSession {
     max_draft_tokens: usize,
     max_depth: usize,
     drafter: SessionDrafter,
+    /// The verifier's batch as the session started: step 0's plan.
+    first_batch: usize,
     arms: Arms,
     /// Seconds of one draft model forward (moving average), once measured.
     forward_secs: Option<f64>,
@@ -250,6 +249,7 @@ impl DraftSession {
             max_draft_tokens: spec.max_draft_tokens,
             max_depth: spec.max_depth,
             drafter,
+            first_batch: spec.batch_size,
             arms,
             forward_secs,
             last_draft: (0.0, 0, 0),
@@ -332,9 +332,15 @@ impl DraftSession {
         self.drafter.has_model() && plan.arm.uses_model() && !plan.budget.is_off()
     }
 
-    /// The plan for the first tree (step 0).
+    /// The verifier's batch as the session started.
+    pub fn first_batch(&self) -> usize {
+        self.first_batch
+    }
+
+    /// The plan for the first tree (step 0), for the verifier's batch as
+    /// the session started.
     pub fn plan_first(&mut self) -> Plan {
-        self.plan(FIRST_STEP_BATCH)
+        self.plan(self.first_batch)
     }
 
     /// The plan for the tree due now: the decision taken ahead if there is

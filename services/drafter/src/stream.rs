@@ -186,7 +186,8 @@ impl DraftStream {
         if !self.send(drafted).await? {
             return Ok((session, End::Gone));
         }
-        if let Some(empty) = session.plan_ahead(1)
+        let first_batch = session.first_batch();
+        if let Some(empty) = session.plan_ahead(first_batch)
             && !self.send(empty).await?
         {
             return Ok((session, End::Gone));

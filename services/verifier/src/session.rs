@@ -184,6 +184,8 @@ async fn open_link(v: &State, run: &ValidRun, max_draft: usize) -> Option<DraftL
         target_model: v.target.name.clone(),
         target_vocab_fingerprint: v.target.vocab_fingerprint,
         target_step_seconds: v.target.step_seconds,
+        // This session is not decoding yet: count it in.
+        batch_size: (v.decoding.load(std::sync::atomic::Ordering::Relaxed) + 1) as u32,
     };
     match DraftLink::open(
         &v.channels,

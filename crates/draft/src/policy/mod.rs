@@ -141,8 +141,10 @@ pub struct PolicyConfig {
     /// catches (the tree approximation, see the module docs), in [0, 1).
     pub width_gain: f64,
     /// While speculation is off, every `probe_interval`-th step drafts the
-    /// probe budget anyway so acceptance keeps being measured. 0 disables
-    /// probing (then speculation, once off, stays off).
+    /// probe budget anyway so acceptance keeps being measured; in a
+    /// verifier batch of `B` sessions every `B · probe_interval`-th (see
+    /// [`SpecPolicy::decide`]). 0 disables probing (then speculation, once
+    /// off, stays off).
     pub probe_interval: u32,
     /// The probe tree: drafted nodes (a chain of this depth).
     pub probe_nodes: usize,
@@ -322,7 +324,7 @@ impl SpecPolicy {
             return best;
         }
         self.off_streak += 1;
-        if self.off_streak < self.config.probe_interval {
+        if self.off_streak < self.probe_interval(batch) {
             return best;
         }
         self.off_streak = 0;
@@ -365,10 +367,20 @@ impl SpecPolicy {
             // Never probing: off for good, and nothing counted.
             return (first, max_steps);
         }
-        let left = (self.config.probe_interval - 1).saturating_sub(self.off_streak);
+        let left = (self.probe_interval(batch) - 1).saturating_sub(self.off_streak);
         let more = left.min(u32::try_from(max_steps - 1).unwrap_or(u32::MAX));
         self.off_streak += more;
         (first, 1 + more as usize)
+    }
+
+    /// Off steps between probes at batch `batch`: a probe lengthens the
+    /// whole batch's forward, and under load, where the forward is no
+    /// longer memory-bound, speculation rarely pays, so a session probes
+    /// `batch` times less often: the batch as a whole then probes about
+    /// as often as one session alone does.
+    fn probe_interval(&self, batch: usize) -> u32 {
+        let batch = u32::try_from(batch.max(1)).unwrap_or(u32::MAX);
+        self.config.probe_interval.saturating_mul(batch)
     }
 
     /// The depth of a probe tree; 0 when the policy never probes.

@@ -246,6 +246,17 @@ fn bad_configs_are_refused() {
 }
 
 #[test]
+fn under_load_probes_are_rarer() {
+    let probes = |batch: usize| {
+        let mut p = trained(0.0, 200);
+        (0..1024).filter(|_| p.decide(batch).probe).count()
+    };
+    let interval = PolicyConfig::default().probe_interval as usize;
+    assert_eq!(probes(1), 1024 / interval);
+    assert_eq!(probes(16), 1024 / (16 * interval));
+}
+
+#[test]
 fn a_decided_run_equals_deciding_each_step() {
     let configs = [
         PolicyConfig::default(),

@@ -487,3 +487,35 @@ mod arbitrary_outcomes {
         }
     }
 }
+
+#[test]
+fn the_first_tree_is_sized_for_the_verifiers_load_at_start() {
+    let start = |batch_size| {
+        let spec = crate::validate::start(
+            v1::DraftStart {
+                session_id: "s".into(),
+                tokens: repetitive(),
+                prompt_len: 3,
+                vocab_size: 100,
+                max_draft_tokens: 8,
+                max_depth: 6,
+                batch_size,
+                ..Default::default()
+            },
+            1000,
+        )
+        .unwrap();
+        let drafter = DrafterSet::new(0, None).for_spec(&spec).unwrap();
+        DraftSession::new(spec, drafter, 1000, false).unwrap()
+    };
+    // Alone on the verifier (or unknown): the prior says a small tree pays.
+    for batch in [0, 1] {
+        let mut s = start(batch);
+        assert_eq!(s.first_batch(), 1);
+        assert!(!s.plan_first().budget.is_off(), "batch {batch}");
+    }
+    // In a batch of 64 the forward is compute-bound: no tree pays.
+    let mut s = start(64);
+    assert_eq!(s.first_batch(), 64);
+    assert!(s.plan_first().budget.is_off());
+}
