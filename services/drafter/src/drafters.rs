@@ -38,7 +38,7 @@ use specmesh_sampling::SamplingParams;
 use specmesh_tree::merge;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::model::{DraftModel, ModelRefusal};
+use crate::model::{DraftModel, ForwardCost, ModelRefusal};
 
 /// The process-wide drafting state every session draws on.
 #[derive(Debug)]
@@ -102,8 +102,7 @@ impl DrafterSet {
             return Err(ModelRefusal::NoModel);
         }
         let mut model = None;
-        let mut forward_secs = None;
-        let mut prefill_token_secs = None;
+        let mut cost = None;
         if let Some(m) = self
             .model
             .as_ref()
@@ -111,8 +110,7 @@ impl DrafterSet {
         {
             m.check_target(target, vocab)?;
             model = model_drafter(m, vocab, sampling);
-            forward_secs = m.forward_secs();
-            prefill_token_secs = m.prefill_token_secs();
+            cost = m.cost();
             if model.is_none() {
                 // No slot: the session drafts model-free rather than not at all.
                 arms = vec![Arm::ModelFree];
@@ -122,8 +120,7 @@ impl DrafterSet {
             free: Merged::new(drafters),
             model,
             arms,
-            forward_secs,
-            prefill_token_secs,
+            cost,
         })
     }
 
@@ -172,10 +169,8 @@ pub struct SessionDrafter {
     free: Merged,
     model: Option<(ModelDrafter, OwnedSemaphorePermit)>,
     arms: Vec<Arm>,
-    /// The draft model's measured seconds per forward, when known.
-    forward_secs: Option<f64>,
-    /// And per prefilled token.
-    prefill_token_secs: Option<f64>,
+    /// What the draft model's forwards cost, when measured.
+    cost: Option<ForwardCost>,
 }
 
 impl fmt::Debug for SessionDrafter {
@@ -197,15 +192,19 @@ impl SessionDrafter {
     /// The draft model's seconds per one-token forward, measured when it
     /// loaded.
     pub fn forward_secs(&self) -> Option<f64> {
-        self.forward_secs.filter(|_| self.model.is_some())
+        self.cost
+            .filter(|_| self.model.is_some())
+            .map(|c| c.forward_secs)
     }
 
     /// Seconds the draft model would spend catching up on a context of
     /// `context_len` tokens before it can draft (0 when it holds it all, or
     /// without a model).
     pub fn catch_up_secs(&self, context_len: usize) -> f64 {
-        match (&self.model, self.prefill_token_secs) {
-            (Some((m, _)), Some(per)) => context_len.saturating_sub(m.cached_len()) as f64 * per,
+        match (&self.model, self.cost) {
+            (Some((m, _)), Some(c)) => {
+                context_len.saturating_sub(m.cached_len()) as f64 * c.prefill_token_secs
+            }
             _ => 0.0,
         }
     }

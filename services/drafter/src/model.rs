@@ -65,13 +65,32 @@ pub struct DraftModel {
     name: String,
     /// Its tokenizer's [`Tokenizer::vocab_fingerprint`].
     vocab_fingerprint: u64,
-    /// Seconds of one forward over one token, measured at load: a new
-    /// session prices a tree level with it before it has drafted one.
-    forward_secs: Option<f64>,
-    /// Seconds per token of a 64-token prefill, measured at load: what a
-    /// session pays to catch the model up on context it has not seen.
-    prefill_token_secs: Option<f64>,
+    /// Measured at load; `None` when the measurement failed.
+    cost: Option<ForwardCost>,
     slots: Arc<Semaphore>,
+}
+
+/// What the draft model's forwards cost, measured once at load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ForwardCost {
+    /// One forward over one token: a new session prices a tree level with
+    /// it before it has drafted one.
+    pub forward_secs: f64,
+    /// Per token of a 64-token prefill: what a session pays to catch the
+    /// model up on context it has not seen.
+    pub prefill_token_secs: f64,
+}
+
+impl ForwardCost {
+    /// Times `model` at a short context (a few forwards: milliseconds).
+    fn measure(model: &Model) -> Option<ForwardCost> {
+        let timed = specmesh_model::cost::measure(model, 64, &[1, 64], 3).ok()?;
+        let at = |k: usize| timed.iter().find(|s| s.k == k).map(|s| s.median);
+        Some(ForwardCost {
+            forward_secs: at(1)?,
+            prefill_token_secs: at(64)? / 64.0,
+        })
+    }
 }
 
 /// Why a session cannot draft with the draft model it asked for; the
@@ -142,61 +161,28 @@ impl DraftModel {
                 })?,
             None => full,
         };
-        let timed = specmesh_model::cost::measure(&model, 64, &[1, 64], 3).ok();
-        let at = |k: usize| {
-            timed
-                .as_ref()
-                .and_then(|s| s.iter().find(|s| s.k == k).map(|s| s.median))
-        };
-        let forward_secs = at(1);
-        let prefill_token_secs = at(64).map(|t| t / 64.0);
+        let cost = ForwardCost::measure(&model);
         tracing::info!(
             path = %cfg.path.display(),
-            forward_ms = forward_secs.map(|s| s * 1e3),
+            forward_ms = cost.map(|c| c.forward_secs * 1e3),
             layers = model.n_layers(),
             vocab = model.config().vocab_size,
             threads = model.threads(),
             sessions = cfg.max_sessions,
             "draft model loaded"
         );
-        let mut m = DraftModel::new(
-            Arc::new(model),
+        Ok(DraftModel {
+            model: Arc::new(model),
             name,
-            draft_tok.vocab_fingerprint(),
-            cfg.max_sessions,
-        );
-        m.forward_secs = forward_secs;
-        m.prefill_token_secs = prefill_token_secs;
-        Ok(m)
+            vocab_fingerprint: draft_tok.vocab_fingerprint(),
+            cost,
+            slots: Arc::new(Semaphore::new(cfg.max_sessions)),
+        })
     }
 
-    /// Wraps an already loaded model named `name`, whose tokenizer has the
-    /// fingerprint `vocab_fingerprint`; at most `max_sessions` sessions
-    /// draft with it at once.
-    pub fn new(
-        model: Arc<Model>,
-        name: String,
-        vocab_fingerprint: u64,
-        max_sessions: usize,
-    ) -> DraftModel {
-        DraftModel {
-            model,
-            name,
-            vocab_fingerprint,
-            forward_secs: None,
-            prefill_token_secs: None,
-            slots: Arc::new(Semaphore::new(max_sessions)),
-        }
-    }
-
-    /// Seconds of one forward over one token, when measured.
-    pub fn forward_secs(&self) -> Option<f64> {
-        self.forward_secs
-    }
-
-    /// Seconds per token of a prefill, when measured.
-    pub fn prefill_token_secs(&self) -> Option<f64> {
-        self.prefill_token_secs
+    /// What its forwards cost, when measured.
+    pub fn cost(&self) -> Option<ForwardCost> {
+        self.cost
     }
 
     /// Refuses a target whose vocabulary is not the draft model's: another

@@ -292,11 +292,6 @@ impl SpecPolicy {
         }
     }
 
-    /// What drafting one tree level costs, in plain steps.
-    pub fn level_cost(&self) -> f64 {
-        self.level_cost
-    }
-
     /// What a speculative step drafting `drafted` nodes `depth` levels deep
     /// costs, relative to a plain one: the verify forward (the curve), the
     /// measured overhead of speculating and the drafting.
