@@ -73,19 +73,19 @@ pub async fn run(
     );
     tracing::info!(model = %config.model.display(), %memory, "model loaded");
     let model = Arc::new(model);
-    let cost_curve = match &config.cost_curve {
-        Some(c) => c.clone(),
-        None => {
-            let m = Arc::clone(&model);
-            let curve =
-                tokio::task::spawn_blocking(move || calibrate::measure(&m, 256, 3)).await??;
-            tracing::info!(?curve, "measured the verify cost curve");
-            curve
+    // The curve's own k = 1 measurement is the plain step; a given curve
+    // still needs the step timed (a few one-token forwards).
+    let m = Arc::clone(&model);
+    let (cost_curve, step_seconds) = match config.cost_curve.clone() {
+        Some(curve) => {
+            let step = tokio::task::spawn_blocking(move || calibrate::step_seconds(&m, 256, 3));
+            (curve, step.await??)
         }
-    };
-    let step_seconds = {
-        let m = Arc::clone(&model);
-        tokio::task::spawn_blocking(move || calibrate::step_seconds(&m, 256, 3)).await??
+        None => {
+            let c = tokio::task::spawn_blocking(move || calibrate::measure(&m, 256, 3)).await??;
+            tracing::info!(curve = ?c.curve, "measured the verify cost curve");
+            (c.curve, c.step_seconds)
+        }
     };
     tracing::info!(step_seconds, "measured the plain step");
     let batcher = Batcher::start(
