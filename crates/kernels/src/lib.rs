@@ -33,6 +33,8 @@ mod packed;
 #[cfg(target_arch = "x86_64")]
 mod packed_amx;
 #[cfg(target_arch = "x86_64")]
+mod packed_kquant_512;
+#[cfg(target_arch = "x86_64")]
 mod packed_kquant_x86;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86;

@@ -314,11 +314,18 @@ impl QMatrix {
         let (n, k, nb) = (self.rows, acts.rows(), self.cols / format.block_len());
         let optr = OutPtr(out.as_mut_ptr());
         #[cfg(target_arch = "x86_64")]
-        let kernel = (isa != Isa::Scalar).then(|| crate::packed_x86::group_fn(isa, format));
+        let kernel = (isa != Isa::Scalar).then(|| {
+            // The K-quants and Q5_0 have one AVX2 kernel for every ISA.
+            crate::packed_kquant_x86::group_fn(format)
+                .unwrap_or_else(|| crate::packed_x86::group_fn(isa, format))
+        });
         #[cfg(not(target_arch = "x86_64"))]
         let kernel: Option<fn()> = None;
         #[cfg(target_arch = "x86_64")]
-        let pair = crate::packed_x86::pair_fn(isa, format);
+        let (pair, pair_min_rows) = match crate::packed_kquant_512::pair_fn(isa, format) {
+            Some(f) => (Some(f), crate::packed_kquant_512::MIN_ROWS),
+            None => (crate::packed_x86::pair_fn(isa, format), 1),
+        };
         // AMX tiles take over for calls of several rows; fewer rows than
         // that gain nothing over VNNI (the step is bound by weight reads).
         #[cfg(target_arch = "x86_64")]
@@ -368,29 +375,40 @@ impl QMatrix {
                         1
                     }
                 };
-                // The 512-bit pair kernels have registers for 8 rows.
-                let tmax = if span == 2 { 8 } else { 4 };
                 let mut r = 0;
                 while r < k {
-                    let t = (k - r).min(tmax);
-                    match (span, kernel) {
-                        #[cfg(target_arch = "x86_64")]
+                    // The 512-bit pair kernels have registers for 8 rows.
+                    let t = (k - r).min(8);
+                    #[cfg(target_arch = "x86_64")]
+                    if span == 2 && t >= pair_min_rows {
                         // SAFETY: `data` is this matrix's packed storage with
-                        // `nb` blocks per row and groups g..g+span exist; rows
+                        // `nb` blocks per row and groups g, g + 1 exist; rows
                         // r..r+t exist in `acts`; `isa` is supported.
-                        (2, _) => unsafe {
+                        unsafe {
                             pair.expect("span 2 needs a pair kernel")(
                                 data, nb, g, acts, r, t, &mut tmp,
                             )
-                        },
-                        #[cfg(target_arch = "x86_64")]
-                        // SAFETY: as above, for group g alone.
-                        (_, Some(f)) => unsafe { f(data, nb, g, acts, r, t, &mut tmp[0]) },
-                        _ => packed::group_scalar(format, data, cols, g, acts, r, t, &mut tmp[0]),
+                        };
+                        // SAFETY: rows r..r + t < k and groups g, g + 1 of
+                        // `out` belong to this thread.
+                        unsafe { scatter(optr, n, g, &tmp, r, t) };
+                        r += t;
+                        continue;
                     }
-                    // SAFETY: rows r..r + t < k and groups g..g + span of
-                    // `out` belong to this thread.
-                    unsafe { scatter(optr, n, g, &tmp[..span], r, t) };
+                    let t = t.min(4);
+                    for g in g..g + span {
+                        match kernel {
+                            #[cfg(target_arch = "x86_64")]
+                            // SAFETY: as above, for group g alone.
+                            Some(f) => unsafe { f(data, nb, g, acts, r, t, &mut tmp[0]) },
+                            _ => packed::group_scalar(
+                                format, data, cols, g, acts, r, t, &mut tmp[0],
+                            ),
+                        }
+                        // SAFETY: rows r..r + t < k and group g of `out`
+                        // belong to this thread.
+                        unsafe { scatter(optr, n, g, &tmp[..1], r, t) };
+                    }
                     r += t;
                 }
                 g += span;

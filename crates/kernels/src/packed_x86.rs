@@ -247,12 +247,8 @@ entry_points!(
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
 );
 
-/// The packed kernel for `fmt` on `isa` (not `Scalar`).
+/// The packed kernel for Q4_1 or Q8_0 on `isa` (not `Scalar`).
 pub(crate) fn group_fn(isa: Isa, fmt: QFormat) -> GroupFn {
-    // One AVX2 kernel for every ISA (see `packed_kquant_x86`).
-    if let Some(f) = crate::packed_kquant_x86::group_fn(fmt) {
-        return f;
-    }
     match isa {
         Isa::Avx2 => avx2::group_fn(fmt),
         Isa::AvxVnni => avx_vnni::group_fn(fmt),
@@ -285,7 +281,7 @@ pub(crate) type PairFn = unsafe fn(
 /// `a` and `b` must each point to 32 readable bytes, and the CPU must
 /// support AVX-512F (callers are the AVX-512 VNNI pair and AMX kernels).
 #[inline(always)]
-unsafe fn load_pair(a: *const u8, b: *const u8) -> __m512i {
+pub(crate) unsafe fn load_pair(a: *const u8, b: *const u8) -> __m512i {
     unsafe {
         _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm256_loadu_si256(a as *const __m256i)),
@@ -483,7 +479,7 @@ macro_rules! pair_entry {
 pair_entry!(q4_1_pair, q4_1_pair_512);
 pair_entry!(q8_0_pair, q8_0_pair_512);
 
-/// The two-group kernel for `fmt`, on AVX-512 VNNI only.
+/// The two-group kernel for Q4_1 or Q8_0, on AVX-512 VNNI only.
 pub(crate) fn pair_fn(isa: Isa, fmt: QFormat) -> Option<PairFn> {
     match (isa, fmt) {
         (Isa::Avx512Vnni | Isa::AmxInt8, QFormat::Q4_1) => Some(q4_1_pair_512),

@@ -207,19 +207,21 @@ fn k_quant_and_q5_0_results_are_identical_on_every_isa() {
     let mut rng = StdRng::seed_from_u64(37);
     let pool = ThreadPool::new(2);
     let mut s = QuantizedRows::default();
-    for format in ISA_EXACT {
+    // Activation rows on both sides of the two-group kernels' threshold
+    // (`packed_kquant_512::MIN_ROWS`), a full 8 and a remainder after it.
+    for (format, k) in ISA_EXACT.into_iter().flat_map(|f| [1, 4, 5, 7, 8, 13].map(|k| (f, k))) {
         let cols = cols_for(format, 64) * 3;
         let w = random_quant(format, 21, cols, &mut rng);
-        let x = random_acts(7, cols, &mut rng);
-        let mut want = vec![0.0; 7 * 21];
+        let x = random_acts(k, cols, &mut rng);
+        let mut want = vec![0.0; k * 21];
         w.forward(&x, &mut s, &mut want, Isa::Scalar, &pool);
         for &isa in &isas {
-            let mut got = vec![0.0; 7 * 21];
+            let mut got = vec![0.0; k * 21];
             w.forward(&x, &mut s, &mut got, isa, &pool);
             assert_eq!(
                 got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "{format:?} {isa}"
+                "{format:?} {isa} k={k}"
             );
         }
     }
@@ -228,12 +230,13 @@ fn k_quant_and_q5_0_results_are_identical_on_every_isa() {
 #[test]
 fn extreme_values_do_not_overflow_the_i16_sums() {
     // Every weight and activation at its largest magnitude: the i16 lane
-    // sums of the maddubs kernels are at their bounds.
+    // sums of the maddubs kernels are at their bounds. 16 rows: two groups,
+    // so the two-group kernels run too.
     let pool = ThreadPool::new(1);
     let mut s = QuantizedRows::default();
     for format in ISA_EXACT {
         let cols = format.block_len() * 2;
-        let mut data = vec![0xffu8; 8 * format.row_bytes(cols)];
+        let mut data = vec![0xffu8; 16 * format.row_bytes(cols)];
         for blk in data.chunks_exact_mut(format.block_bytes()) {
             match format {
                 QFormat::Q4_K => {
@@ -247,13 +250,13 @@ fn extreme_values_do_not_overflow_the_i16_sums() {
                 _ => blk[..2].copy_from_slice(&f16_bytes(0.01)),
             }
         }
-        let w = QMatrix::new(8, cols, Weights::Quant { format, data }).unwrap();
+        let w = QMatrix::new(16, cols, Weights::Quant { format, data }).unwrap();
         for sign in [1.0f32, -1.0] {
             let x = vec![sign; cols];
             let want = reference(&w, &x);
-            let mut got = vec![0.0; 8];
+            let mut got = vec![0.0; 16];
             w.forward(&x, &mut s, &mut got, Isa::detect(), &pool);
-            let mut scalar = vec![0.0; 8];
+            let mut scalar = vec![0.0; 16];
             w.forward(&x, &mut s, &mut scalar, Isa::Scalar, &pool);
             assert_eq!(got, scalar, "{format:?}");
             for (o, (exact, _)) in got.iter().zip(&want) {

@@ -1,0 +1,309 @@
+//! AVX-512 VNNI kernels over two adjacent 8-row packed groups of the
+//! K-quants (layouts in `packed::kquant`): 16 output rows per 512-bit
+//! register and up to 8 activation rows per call.
+//!
+//! Why a second set beside the AVX2 kernels of `packed_kquant_x86`: on a
+//! Q4_K_M model (Qwen2.5-Coder-1.5B) Q4_K and Q6_K carry every matrix, and
+//! the AVX2 kernels take at most 4 activation rows, so an 8-token verify
+//! unpacked every weight twice and spent three instructions
+//! (`vpmaddubsw`, `vpaddw`, and a share of `vpmaddwd`) where `vpdpbusd` needs
+//! one. `specmesh bench-model --model qwen2.5-coder-1.5b --ks 1,2,4,8,16`
+//! measures the difference (docs/performance.md).
+//!
+//! Results are bit-identical to the AVX2 and portable kernels: each lane
+//! computes the same integer sums (`vpdpbusd` adds exact u8 · i8 products
+//! into i32, and a sub-block's sum times its scale is the very integer the
+//! AVX2 kernel's `vpmaddwd` yields), then the same float steps in the same
+//! order. Without the i16 intermediate there is no overflow bound to keep.
+
+// Tile loops index several parallel register arrays by the same counter.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use crate::act::{BlockQ8K, QuantizedRows};
+use crate::format::QFormat;
+use crate::isa::Isa;
+use crate::packed::kquant::{
+    Q4_K_DMIN, Q4_K_GBB, Q4_K_MIN, Q4_K_NIB, Q4_K_SC, Q6_K_GBB, Q6_K_GROUP, Q6_K_SC, Q6_K_VALUES,
+};
+use crate::packed_x86::{GroupOut, PairFn, halves_pair, load_pair, store_pair};
+
+/// Activation rows from which a call uses these kernels. With fewer, the
+/// AVX2 kernels are faster here (a 1-token step 26–28 ms against 35 ms on
+/// the 1.5B, a 4-token one 43–47 against 50–51 ms, `bench-model --isa
+/// avx-vnni` against `avx512-vnni`), since one row leaves each `vpdpbusd`
+/// waiting on the last; from 5 rows the AVX2 kernels must unpack every
+/// weight twice (at most 4 rows per call) and these win.
+pub(crate) const MIN_ROWS: usize = 5;
+
+/// Four activation bytes starting at `at`, broadcast to every 32-bit lane.
+///
+/// # Safety
+/// `at + 4 <= qs.len()` (debug-asserted), and the CPU must support
+/// AVX-512F (callers are the entry points below, into which this inlines).
+#[inline(always)]
+unsafe fn bcast4(qs: &[i8], at: usize) -> __m512i {
+    debug_assert!(at + 4 <= qs.len());
+    unsafe { _mm512_set1_epi32(std::ptr::read_unaligned(qs.as_ptr().add(at) as *const i32)) }
+}
+
+/// Two adjacent i16 activation sums, broadcast as one 32-bit lane.
+///
+/// # Safety
+/// `at + 2 <= sums.len()` (debug-asserted), and the CPU must support
+/// AVX-512F (callers are the entry points below).
+#[inline(always)]
+unsafe fn bcast_pair(sums: &[i16], at: usize) -> __m512i {
+    debug_assert!(at + 2 <= sums.len());
+    unsafe { _mm512_set1_epi32(std::ptr::read_unaligned(sums.as_ptr().add(at) as *const i32)) }
+}
+
+/// 8 unsigned scale bytes of each group (at `a` and `b`), one i32 lane per
+/// row: lanes 0–7 from `a`, 8–15 from `b`.
+///
+/// # Safety
+/// `a` and `b` must each point to 8 readable bytes; AVX-512F.
+#[inline(always)]
+unsafe fn scales_u8(a: *const u8, b: *const u8) -> __m512i {
+    unsafe {
+        let v = _mm_unpacklo_epi64(
+            _mm_loadl_epi64(a as *const __m128i),
+            _mm_loadl_epi64(b as *const __m128i),
+        );
+        _mm512_cvtepu8_epi32(v)
+    }
+}
+
+/// [`scales_u8`] for signed scales (Q6_K).
+///
+/// # Safety
+/// As for [`scales_u8`].
+#[inline(always)]
+unsafe fn scales_i8(a: *const u8, b: *const u8) -> __m512i {
+    unsafe {
+        let v = _mm_unpacklo_epi64(
+            _mm_loadl_epi64(a as *const __m128i),
+            _mm_loadl_epi64(b as *const __m128i),
+        );
+        _mm512_cvtepi8_epi32(v)
+    }
+}
+
+/// Two adjacent groups of packed Q4_K rows · `T` activation rows (see
+/// [`PairFn`]).
+///
+/// # Safety
+/// `data` must be a packed Q4_K matrix of `nsb` super-blocks per row with at
+/// least `g + 2` groups, rows `r0..r0 + T` must exist in `acts` as
+/// 256-element blocks (`quantize_k`), `nsb` each, and the CPU must support
+/// AVX-512 F, BW and VNNI (callers are the entry points below).
+#[inline(always)]
+unsafe fn q4_k_pair<const T: usize>(
+    data: &[u8],
+    nsb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut [GroupOut; 2],
+) {
+    unsafe {
+        let rows: [&[BlockQ8K]; T] = std::array::from_fn(|t| acts.row_k(r0 + t));
+        let base0 = data.as_ptr().add(g * nsb * Q4_K_GBB);
+        let base1 = base0.add(nsb * Q4_K_GBB);
+        let m4 = _mm512_set1_epi8(0x0f);
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..nsb {
+            let (p0, p1) = (base0.add(b * Q4_K_GBB), base1.add(b * Q4_K_GBB));
+            let mut isum = [_mm512_setzero_si512(); T];
+            for s in 0..8 {
+                let mut s32 = [_mm512_setzero_si512(); T];
+                for c in 0..4 {
+                    let at = Q4_K_NIB + (4 * s + c) * 32;
+                    let w = load_pair(p0.add(at), p1.add(at));
+                    let lo = _mm512_and_si512(w, m4);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                    for t in 0..T {
+                        let qs = &rows[t].get_unchecked(b).qs;
+                        s32[t] = _mm512_dpbusd_epi32(s32[t], lo, bcast4(qs, 32 * s + 4 * c));
+                        s32[t] = _mm512_dpbusd_epi32(s32[t], hi, bcast4(qs, 32 * s + 16 + 4 * c));
+                    }
+                }
+                let sc = scales_u8(p0.add(Q4_K_SC + 8 * s), p1.add(Q4_K_SC + 8 * s));
+                for t in 0..T {
+                    isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s32[t], sc));
+                }
+            }
+            let dv = halves_pair(p0, p1);
+            let dminv = halves_pair(p0.add(Q4_K_DMIN), p1.add(Q4_K_DMIN));
+            for t in 0..T {
+                let a = rows[t].get_unchecked(b);
+                let mut msum = _mm512_setzero_si512();
+                for p in 0..4 {
+                    let m = _mm512_cvtepu8_epi16(_mm256_set_m128i(
+                        _mm_loadu_si128(p1.add(Q4_K_MIN + 16 * p) as *const __m128i),
+                        _mm_loadu_si128(p0.add(Q4_K_MIN + 16 * p) as *const __m128i),
+                    ));
+                    msum =
+                        _mm512_add_epi32(msum, _mm512_madd_epi16(m, bcast_pair(&a.bsums32, 2 * p)));
+                }
+                let da = _mm512_set1_ps(a.d);
+                acc[t] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dv, da), acc[t]);
+                acc[t] =
+                    _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dminv, da), acc[t]);
+            }
+        }
+        for t in 0..T {
+            store_pair(acc[t], out, t);
+        }
+    }
+}
+
+/// Q6_K's top two bits of chunk c moved to bits 4..6 of each byte.
+///
+/// # Safety
+/// AVX-512 F and BW (callers are the entry points below).
+#[inline(always)]
+unsafe fn q6_high(h: __m512i, c: usize) -> __m512i {
+    unsafe {
+        let m = _mm512_set1_epi8(0x30);
+        match c {
+            0 => _mm512_and_si512(_mm512_slli_epi16(h, 4), m),
+            1 => _mm512_and_si512(_mm512_slli_epi16(h, 2), m),
+            2 => _mm512_and_si512(h, m),
+            _ => _mm512_and_si512(_mm512_srli_epi16(h, 2), m),
+        }
+    }
+}
+
+/// Two adjacent groups of packed Q6_K rows · `T` activation rows (see
+/// [`PairFn`]).
+///
+/// # Safety
+/// `data` must be a packed Q6_K matrix of `nsb` super-blocks per row with at
+/// least `g + 2` groups, rows `r0..r0 + T` must exist in `acts` as
+/// 256-element blocks (`quantize_k`), `nsb` each, and the CPU must support
+/// AVX-512 F, BW and VNNI (callers are the entry points below).
+#[inline(always)]
+unsafe fn q6_k_pair<const T: usize>(
+    data: &[u8],
+    nsb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut [GroupOut; 2],
+) {
+    unsafe {
+        let rows: [&[BlockQ8K]; T] = std::array::from_fn(|t| acts.row_k(r0 + t));
+        let base0 = data.as_ptr().add(g * nsb * Q6_K_GBB);
+        let base1 = base0.add(nsb * Q6_K_GBB);
+        let m4 = _mm512_set1_epi8(0x0f);
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..nsb {
+            let (p0, p1) = (base0.add(b * Q6_K_GBB), base1.add(b * Q6_K_GBB));
+            let mut isum = [_mm512_setzero_si512(); T];
+            for q in 0..8 {
+                let (rec0, rec1) = (
+                    p0.add(Q6_K_VALUES + q * Q6_K_GROUP),
+                    p1.add(Q6_K_VALUES + q * Q6_K_GROUP),
+                );
+                // Low nibbles are sub-block 2q, high nibbles 2q + 1.
+                for side in 0..2 {
+                    let h = load_pair(rec0.add(128 + 32 * side), rec1.add(128 + 32 * side));
+                    let mut s32 = [_mm512_setzero_si512(); T];
+                    for c in 0..4 {
+                        let w = load_pair(rec0.add(32 * c), rec1.add(32 * c));
+                        let w = if side == 0 {
+                            w
+                        } else {
+                            _mm512_srli_epi16(w, 4)
+                        };
+                        let v = _mm512_or_si512(_mm512_and_si512(w, m4), q6_high(h, c));
+                        for t in 0..T {
+                            let qs = &rows[t].get_unchecked(b).qs;
+                            let a = bcast4(qs, 32 * q + 16 * side + 4 * c);
+                            s32[t] = _mm512_dpbusd_epi32(s32[t], v, a);
+                        }
+                    }
+                    let sub = Q6_K_SC + 8 * (2 * q + side);
+                    let sc = scales_i8(p0.add(sub), p1.add(sub));
+                    for t in 0..T {
+                        isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s32[t], sc));
+                    }
+                }
+            }
+            let dv = halves_pair(p0, p1);
+            for t in 0..T {
+                let a = rows[t].get_unchecked(b);
+                // The −32 offset of every value: −32 · Σ_s sc_s · Σ a over s.
+                let mut corr = _mm512_setzero_si512();
+                for p in 0..8 {
+                    let pair = |base: *const u8| {
+                        _mm_unpacklo_epi8(
+                            _mm_loadl_epi64(base.add(Q6_K_SC + 8 * (2 * p)) as *const __m128i),
+                            _mm_loadl_epi64(base.add(Q6_K_SC + 8 * (2 * p + 1)) as *const __m128i),
+                        )
+                    };
+                    let sc = _mm512_cvtepi8_epi16(_mm256_set_m128i(pair(p1), pair(p0)));
+                    corr = _mm512_add_epi32(
+                        corr,
+                        _mm512_madd_epi16(sc, bcast_pair(&a.bsums, 2 * p)),
+                    );
+                }
+                let v = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(corr, 5));
+                let scale = _mm512_mul_ps(dv, _mm512_set1_ps(a.d));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc[t]);
+            }
+        }
+        for t in 0..T {
+            store_pair(acc[t], out, t);
+        }
+    }
+}
+
+macro_rules! pair_entry {
+    ($kernel:ident, $fn_name:ident) => {
+        /// A [`PairFn`] on AVX-512 VNNI.
+        ///
+        /// # Safety
+        /// As for [`PairFn`]: `data` is a packed matrix of `nb` super-blocks
+        /// per row with at least `g + 2` groups, rows `r0..r0 + t` exist in
+        /// `acts` as 256-element blocks, and the CPU supports AVX-512 VNNI
+        /// (checked by `Isa::supported` before [`pair_fn`] hands this out).
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn $fn_name(
+            data: &[u8],
+            nb: usize,
+            g: usize,
+            acts: &QuantizedRows,
+            r0: usize,
+            t: usize,
+            out: &mut [GroupOut; 2],
+        ) {
+            unsafe {
+                match t {
+                    1 => $kernel::<1>(data, nb, g, acts, r0, out),
+                    2 => $kernel::<2>(data, nb, g, acts, r0, out),
+                    3 => $kernel::<3>(data, nb, g, acts, r0, out),
+                    4 => $kernel::<4>(data, nb, g, acts, r0, out),
+                    5 => $kernel::<5>(data, nb, g, acts, r0, out),
+                    6 => $kernel::<6>(data, nb, g, acts, r0, out),
+                    7 => $kernel::<7>(data, nb, g, acts, r0, out),
+                    _ => $kernel::<8>(data, nb, g, acts, r0, out),
+                }
+            }
+        }
+    };
+}
+pair_entry!(q4_k_pair, q4_k_pair_512);
+pair_entry!(q6_k_pair, q6_k_pair_512);
+
+/// The two-group K-quant kernel for `fmt`, on AVX-512 VNNI only.
+pub(crate) fn pair_fn(isa: Isa, fmt: QFormat) -> Option<PairFn> {
+    match (isa, fmt) {
+        (Isa::Avx512Vnni | Isa::AmxInt8, QFormat::Q4_K) => Some(q4_k_pair_512),
+        (Isa::Avx512Vnni | Isa::AmxInt8, QFormat::Q6_K) => Some(q6_k_pair_512),
+        _ => None,
+    }
+}
