@@ -158,3 +158,58 @@ async fn a_draft_model_of_another_vocabulary_is_refused_naming_both() {
         .expect("automatic speculation drafts model-free");
     assert_eq!(r.into_inner().token_ids.len(), 8);
 }
+
+/// Drafting ahead through the three services, with the target as its own
+/// draft model: the draft agrees with the target, so guesses hold and their
+/// trees are used, and the output stays identical to plain decoding. The
+/// verifier reports its wait for every tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drafting_ahead_keeps_greedy_output_and_its_guesses_are_used() {
+    let mesh = Mesh::start_with_draft_model(
+        &model_path(),
+        &[
+            ("SPECMESH_DRAFTER_DRAFT_AHEAD", "true"),
+            ("SPECMESH_VERIFIER_COST_CURVE", FLAT_CURVE),
+            // Deep trees of the whole target take longer than the default
+            // wait; a late tree would only make its guess miss.
+            ("SPECMESH_VERIFIER_DRAFT_TIMEOUT_MS", "5000"),
+        ],
+    );
+    let mut client = mesh.client().await;
+    let (mut ahead, mut steps, mut waited) = (0, 0, 0.0);
+    for text in PROMPTS {
+        let off = client
+            .generate(without_speculation(chat_request(text, 48)))
+            .await
+            .unwrap()
+            .into_inner();
+        let r = client
+            .generate(with_mode(
+                chat_request(text, 48),
+                v1::SpeculationMode::DraftModel,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.token_ids, off.token_ids,
+            "drafting ahead changed {text:?}"
+        );
+        let s = r.speculation.unwrap_or_default();
+        ahead += s.drafted_ahead_steps;
+        steps += s.verify_steps;
+        waited += s.tree_wait_seconds;
+        let off_stats = off.speculation.unwrap_or_default();
+        assert_eq!(off_stats.drafted_ahead_steps, 0);
+        assert_eq!(
+            off_stats.tree_wait_seconds, 0.0,
+            "plain decoding waits for no tree"
+        );
+    }
+    println!("{ahead} of {steps} steps verified a tree drafted ahead; waited {waited:.3} s");
+    assert!(
+        ahead > 0,
+        "the self-draft's guesses hold: {ahead} of {steps} steps used a tree drafted ahead"
+    );
+    assert!(waited > 0.0, "the verifier reports its wait for the trees");
+}

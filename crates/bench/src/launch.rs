@@ -174,6 +174,8 @@ pub struct Layout {
     pub drafter_cpus: Option<String>,
     /// The draft model's compute threads (default: every core it may use).
     pub drafter_threads: Option<usize>,
+    /// The drafters draft the draft model's trees ahead (`--draft-ahead`).
+    pub draft_ahead: bool,
     /// How long each service may take to start.
     pub timeout: Duration,
 }
@@ -193,6 +195,7 @@ impl Mesh {
             verifier_cpus,
             drafter_cpus,
             drafter_threads,
+            draft_ahead,
             timeout,
         } = layout;
         anyhow::ensure!(verifiers >= 1, "`--verifiers` must be >= 1");
@@ -224,6 +227,9 @@ impl Mesh {
             ]);
             if let Some(t) = drafter_threads {
                 drafter_args.extend(["--draft-model-threads".into(), t.to_string()]);
+            }
+            if draft_ahead {
+                drafter_args.push("--draft-ahead".into());
             }
         }
         if let Some(c) = &drafter_cpus {

@@ -401,9 +401,9 @@ impl QMatrix {
                             #[cfg(target_arch = "x86_64")]
                             // SAFETY: as above, for group g alone.
                             Some(f) => unsafe { f(data, nb, g, acts, r, t, &mut tmp[0]) },
-                            _ => packed::group_scalar(
-                                format, data, cols, g, acts, r, t, &mut tmp[0],
-                            ),
+                            _ => {
+                                packed::group_scalar(format, data, cols, g, acts, r, t, &mut tmp[0])
+                            }
                         }
                         // SAFETY: rows r..r + t < k and group g of `out`
                         // belong to this thread.

@@ -27,7 +27,7 @@ use crate::isa::Isa;
 use crate::packed::kquant::{
     Q4_K_DMIN, Q4_K_GBB, Q4_K_MIN, Q4_K_NIB, Q4_K_SC, Q6_K_GBB, Q6_K_GROUP, Q6_K_SC, Q6_K_VALUES,
 };
-use crate::packed_x86::{GroupOut, PairFn, halves_pair, load_pair, store_pair};
+use crate::packed_x86::{GroupOut, PairFn, halves_pair, load_pair, pair_entry, store_pair};
 
 /// Activation rows from which a call uses these kernels. With fewer, the
 /// AVX2 kernels are faster here (a 1-token step 26–28 ms against 35 ms on
@@ -246,10 +246,8 @@ unsafe fn q6_k_pair<const T: usize>(
                         )
                     };
                     let sc = _mm512_cvtepi8_epi16(_mm256_set_m128i(pair(p1), pair(p0)));
-                    corr = _mm512_add_epi32(
-                        corr,
-                        _mm512_madd_epi16(sc, bcast_pair(&a.bsums, 2 * p)),
-                    );
+                    corr =
+                        _mm512_add_epi32(corr, _mm512_madd_epi16(sc, bcast_pair(&a.bsums, 2 * p)));
                 }
                 let v = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(corr, 5));
                 let scale = _mm512_mul_ps(dv, _mm512_set1_ps(a.d));
@@ -262,40 +260,6 @@ unsafe fn q6_k_pair<const T: usize>(
     }
 }
 
-macro_rules! pair_entry {
-    ($kernel:ident, $fn_name:ident) => {
-        /// A [`PairFn`] on AVX-512 VNNI.
-        ///
-        /// # Safety
-        /// As for [`PairFn`]: `data` is a packed matrix of `nb` super-blocks
-        /// per row with at least `g + 2` groups, rows `r0..r0 + t` exist in
-        /// `acts` as 256-element blocks, and the CPU supports AVX-512 VNNI
-        /// (checked by `Isa::supported` before [`pair_fn`] hands this out).
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn $fn_name(
-            data: &[u8],
-            nb: usize,
-            g: usize,
-            acts: &QuantizedRows,
-            r0: usize,
-            t: usize,
-            out: &mut [GroupOut; 2],
-        ) {
-            unsafe {
-                match t {
-                    1 => $kernel::<1>(data, nb, g, acts, r0, out),
-                    2 => $kernel::<2>(data, nb, g, acts, r0, out),
-                    3 => $kernel::<3>(data, nb, g, acts, r0, out),
-                    4 => $kernel::<4>(data, nb, g, acts, r0, out),
-                    5 => $kernel::<5>(data, nb, g, acts, r0, out),
-                    6 => $kernel::<6>(data, nb, g, acts, r0, out),
-                    7 => $kernel::<7>(data, nb, g, acts, r0, out),
-                    _ => $kernel::<8>(data, nb, g, acts, r0, out),
-                }
-            }
-        }
-    };
-}
 pair_entry!(q4_k_pair, q4_k_pair_512);
 pair_entry!(q6_k_pair, q6_k_pair_512);
 

@@ -447,9 +447,10 @@ macro_rules! pair_entry {
         /// A [`PairFn`] on AVX-512 VNNI.
         ///
         /// # Safety
-        /// As for [`PairFn`]: `data` is a packed matrix of `nb` blocks per
-        /// row with at least `g + 2` groups, rows `r0..r0 + t` exist in
-        /// `acts`, and the CPU supports AVX-512 VNNI (checked by
+        /// As for [`PairFn`]: `data` is a packed matrix of `nb` blocks (or
+        /// super-blocks) per row with at least `g + 2` groups, rows
+        /// `r0..r0 + t` exist in `acts` in the format's block size, and the
+        /// CPU supports AVX-512 VNNI (checked by
         /// `Isa::supported` before [`pair_fn`] is asked for this kernel).
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         unsafe fn $fn_name(
@@ -476,6 +477,9 @@ macro_rules! pair_entry {
         }
     };
 }
+// The K-quant pair kernels (`packed_kquant_512`) enter the same way.
+pub(crate) use pair_entry;
+
 pair_entry!(q4_1_pair, q4_1_pair_512);
 pair_entry!(q8_0_pair, q8_0_pair_512);
 

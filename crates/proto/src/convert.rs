@@ -101,6 +101,7 @@ pub fn tree_to_wire(tree: &TokenTree, epoch: u64, step: u64) -> v1::TokenTree {
         nodes,
         dists,
         span: 0,
+        drafted_ahead: false,
     }
 }
 

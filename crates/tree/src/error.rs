@@ -35,4 +35,6 @@ pub enum TreeError {
     RootMismatch { first: u32, other: u32 },
     #[error("nothing to merge")]
     NothingToMerge,
+    #[error("node {index} does not exist: the tree has {len} nodes")]
+    NoSuchNode { index: usize, len: usize },
 }

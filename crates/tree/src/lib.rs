@@ -25,6 +25,7 @@
 mod builder;
 mod error;
 mod merge;
+mod subtree;
 mod tree;
 
 pub use builder::TreeBuilder;

@@ -292,3 +292,50 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_subtree_is_rerooted_with_its_order_scores_and_draft_distributions() {
+    // 10 ─┬─ 11 (0.6) ─┬─ 13 (0.5) ── 15 (0.4)
+    //     │            └─ 14 (0.1)
+    //     └─ 12 (0.3)
+    let t = TokenTree::from_untrusted(
+        10,
+        [
+            (0, 11, 0.6),
+            (0, 12, 0.3),
+            (1, 13, 0.5),
+            (1, 14, 0.1),
+            (3, 15, 0.4),
+        ],
+        [
+            (1, vec![(13, 0.7), (14, 0.2), (16, 0.1)]),
+            (3, vec![(15, 1.0)]),
+        ],
+        limits(16, 4),
+    )
+    .unwrap();
+    let s = t.subtree(1, limits(16, 4)).unwrap();
+    assert_eq!(s.tokens(), &[11, 13, 14, 15]);
+    assert_eq!(s.parent_list(), vec![None, Some(0), Some(0), Some(1)]);
+    assert_eq!(s.score(0), 1.0);
+    assert!((s.score(1) - 0.5 / 0.6).abs() < 1e-6);
+    assert!((s.score(3) - 0.4 / 0.6).abs() < 1e-6);
+    assert!((s.draft_dist(0).unwrap().prob(14) - 0.2).abs() < 1e-6);
+    assert!(s.draft_dist(1).is_some());
+
+    // Budgets cut the deepest level and the last-drafted nodes; a kept
+    // distribution describes a prefix of its node's children.
+    let shallow = t.subtree(1, limits(16, 1)).unwrap();
+    assert_eq!(shallow.tokens(), &[11, 13, 14]);
+    assert!(shallow.draft_dist(1).is_none(), "13 lost its only child");
+    let small = t.subtree(1, limits(2, 4)).unwrap();
+    assert_eq!(small.tokens(), &[11, 13]);
+    assert!(small.draft_dist(0).is_some());
+
+    // A leaf is a root-only tree; a node that does not exist is an error.
+    assert_eq!(t.subtree(2, limits(16, 4)).unwrap().tokens(), &[12]);
+    assert_eq!(
+        t.subtree(6, limits(16, 4)),
+        Err(TreeError::NoSuchNode { index: 6, len: 6 })
+    );
+}

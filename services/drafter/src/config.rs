@@ -71,6 +71,14 @@ pub struct Args {
     /// draft model-free (each holds a KV cache of its context).
     #[arg(long, default_value_t = 64)]
     pub draft_model_sessions: usize,
+    /// While the verifier verifies a draft model's tree, draft the next one
+    /// on the guess that the tree's best path is accepted (the guessed
+    /// next tokens are that path's children), so a right guess is answered
+    /// at once. Pays when the drafter has cores of its own (`--cpus`); on
+    /// cores shared with the verifier it slows the verification it hides
+    /// behind.
+    #[arg(long)]
+    pub draft_ahead: bool,
 }
 
 /// A flag combination that cannot run; messages name the flag.
@@ -110,6 +118,9 @@ pub struct DraftModelConfig {
     pub threads: Option<usize>,
     /// Sessions drafting with the model at once.
     pub max_sessions: usize,
+    /// Draft the next tree during the verification of the last (see
+    /// `Args::draft_ahead`).
+    pub draft_ahead: bool,
 }
 
 impl Default for Config {
@@ -156,12 +167,14 @@ impl TryFrom<Args> for Config {
                     .map(|n| at_least("draft-model-threads", n, 1))
                     .transpose()?,
                 max_sessions: at_least("draft-model-sessions", a.draft_model_sessions, 1)?,
+                draft_ahead: a.draft_ahead,
             }),
             None => {
                 let orphan = [
                     ("self-draft-layers", a.self_draft_layers.is_some()),
                     ("target-tokenizer", a.target_tokenizer.is_some()),
                     ("draft-model-threads", a.draft_model_threads.is_some()),
+                    ("draft-ahead", a.draft_ahead),
                 ];
                 if let Some((flag, _)) = orphan.iter().find(|(_, set)| *set) {
                     return Err(ConfigError::NeedsDraftModel { flag });
@@ -227,6 +240,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert_eq!(e, "`--self-draft-layers` needs `--draft-model`");
+        let e = parse(&["--draft-ahead"]).unwrap_err().to_string();
+        assert_eq!(e, "`--draft-ahead` needs `--draft-model`");
+        let m = parse(&["--draft-model", "m", "--draft-ahead"]).unwrap();
+        assert!(m.draft_model.unwrap().draft_ahead);
         let e = parse(&["--draft-model", "m", "--self-draft-layers", "0"])
             .unwrap_err()
             .to_string();

@@ -229,15 +229,36 @@ impl SessionDrafter {
             (Arm::ModelFree, _) | (_, None) => self.free.propose(ctx),
             (Arm::Model, Some(m)) => m.propose(ctx),
             (Arm::Combined, Some(m)) => {
-                let free = self.free.propose(ctx);
                 let drafted = m.propose(ctx);
-                match (free.len() > 1, drafted.len() > 1) {
-                    // A lone tree keeps its draft distributions.
-                    (false, _) => drafted,
-                    (true, false) => free,
-                    (true, true) => merge(&[&drafted, &free], ctx.limits).unwrap_or(drafted),
-                }
+                self.with_model_tree(Arm::Combined, ctx, drafted)
             }
+        }
+    }
+
+    /// The draft model's own tree for `ctx` (drafting ahead); `None`
+    /// without a model.
+    pub fn propose_model(&mut self, ctx: &DraftContext<'_>) -> Option<TokenTree> {
+        self.model.as_mut().map(|(m, _)| m.propose(ctx))
+    }
+
+    /// `arm`'s tree for `ctx` when the draft model's part of it, `drafted`,
+    /// is already there (drafted ahead): the combined arm merges it with
+    /// the model-free drafters' tree, as [`Self::propose`] does.
+    pub fn with_model_tree(
+        &mut self,
+        arm: Arm,
+        ctx: &DraftContext<'_>,
+        drafted: TokenTree,
+    ) -> TokenTree {
+        if arm != Arm::Combined {
+            return drafted;
+        }
+        let free = self.free.propose(ctx);
+        match (free.len() > 1, drafted.len() > 1) {
+            // A lone tree keeps its draft distributions.
+            (false, _) => drafted,
+            (true, false) => free,
+            (true, true) => merge(&[&drafted, &free], ctx.limits).unwrap_or(drafted),
         }
     }
 

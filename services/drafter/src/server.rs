@@ -78,6 +78,7 @@ pub async fn bind(config: Config) -> anyhow::Result<Listening> {
         max_sessions: config.max_sessions,
         max_context: config.max_context_tokens,
         pipeline: config.pipeline,
+        draft_ahead: config.draft_model.as_ref().is_some_and(|m| m.draft_ahead),
         start_timeout: config.start_timeout,
         stop: stop_rx,
     };

@@ -47,6 +47,7 @@
 //! The session is plain data with synchronous methods so it can move onto
 //! a blocking thread for a model-drafter propose and back.
 
+mod ahead;
 mod apply;
 mod report;
 
@@ -55,6 +56,7 @@ use std::time::{Duration, Instant};
 use specmesh_draft::{Arm, Arms, Budget, DraftContext, PolicyConfig, TenantKey, TokenTree};
 use specmesh_proto::{MAX_TREE_SPAN, tree_to_wire, v1};
 
+pub use ahead::AheadStats;
 pub use report::Reported;
 
 use crate::drafters::SessionDrafter;
@@ -207,6 +209,17 @@ pub struct DraftSession {
     untimed: Option<Untimed>,
     /// When the previous outcome arrived.
     last_outcome: Option<Instant>,
+    /// Draft model trees are drafted ahead (see [`ahead`]).
+    draft_ahead: bool,
+    /// The guess drafted ahead, until the outcome it guessed arrives.
+    guess: Option<ahead::Guess>,
+    /// A guess that held: the next tree, for the plan it was drafted for.
+    ready: Option<(Plan, TokenTree)>,
+    /// Moving average of the guesses that held.
+    hit_rate: f64,
+    /// The guess's context (reused: no allocation per step).
+    ahead_context: Vec<u32>,
+    ahead_stats: AheadStats,
 }
 
 impl DraftSession {
@@ -261,7 +274,39 @@ impl DraftSession {
             deferred: None,
             untimed: None,
             last_outcome: None,
+            draft_ahead: false,
+            guess: None,
+            ready: None,
+            hit_rate: 0.0,
+            ahead_context: Vec::new(),
+            ahead_stats: AheadStats::default(),
         })
+    }
+
+    /// Drafts the draft model's trees ahead of their outcome (see
+    /// [`ahead`]).
+    pub fn with_draft_ahead(mut self, on: bool) -> DraftSession {
+        self.draft_ahead = on;
+        if on {
+            self.hit_rate = ahead::PRIOR_HIT_RATE;
+            self.price_levels();
+        }
+        self
+    }
+
+    /// Prices each arm's tree levels at the draft model's forward over the
+    /// verifier's plain step, less the share that drafting ahead hides.
+    fn price_levels(&mut self) {
+        let exposed = self.exposed_drafting();
+        for &arm in self.drafter.arms() {
+            let forward = self.forward_secs.filter(|_| arm.uses_model());
+            let Some(p) = self.arms.policy_mut(arm) else {
+                continue;
+            };
+            if let (Some(f), Some(unit)) = (forward, p.timing().plain_secs()) {
+                p.set_level_cost(f / unit * exposed);
+            }
+        }
     }
 
     /// The measured extra cost of a speculative step beyond its forward, in
@@ -314,21 +359,20 @@ impl DraftSession {
             if u.drafted > 0 && arm != u.arm {
                 continue;
             }
-            let forward = self.forward_secs.filter(|_| arm.uses_model());
-            let Some(p) = self.arms.policy_mut(arm) else {
-                continue;
-            };
-            p.observe_step_time(u.drafted, u.batch, u.steps, secs.max(0.0));
-            if let (Some(f), Some(unit)) = (forward, p.timing().plain_secs()) {
-                p.set_level_cost(f / unit);
+            if let Some(p) = self.arms.policy_mut(arm) {
+                p.observe_step_time(u.drafted, u.batch, u.steps, secs.max(0.0));
             }
         }
+        self.price_levels();
     }
 
     /// Whether drafting under `plan` may run a model forward (milliseconds:
     /// run it off the async workers).
     pub fn blocks(&self, plan: &Plan) -> bool {
-        self.drafter.has_model() && plan.arm.uses_model() && !plan.budget.is_off()
+        self.drafter.has_model()
+            && plan.arm.uses_model()
+            && !plan.budget.is_off()
+            && !self.has_ready(plan)
     }
 
     /// The verifier's batch as the session started.
@@ -439,6 +483,7 @@ impl DraftSession {
                 "the session's context is empty".into(),
             ));
         };
+        let ready = self.take_ready(&plan);
         let ctx = DraftContext {
             tokens: &self.context,
             prompt_len: self.prompt_len,
@@ -446,7 +491,14 @@ impl DraftSession {
         };
         let before = self.drafter.model_stats();
         let t0 = Instant::now();
-        let proposed = self.drafter.propose(plan.arm, &ctx);
+        let drafted_ahead = ready.is_some();
+        let proposed = match ready {
+            Some(tree) => {
+                self.ahead_stats.hits += 1;
+                self.drafter.with_model_tree(plan.arm, &ctx, tree)
+            }
+            None => self.drafter.propose(plan.arm, &ctx),
+        };
         let took = t0.elapsed();
         let after = self.drafter.model_stats();
         self.last_draft = (
@@ -469,7 +521,8 @@ impl DraftSession {
             TokenTree::root_only(root, limits)
                 .map_err(|e| SessionError::Internal(format!("root-only tree: {e}")))?
         };
-        let wire = tree_to_wire(&tree, self.epoch, plan.step);
+        let mut wire = tree_to_wire(&tree, self.epoch, plan.step);
+        wire.drafted_ahead = drafted_ahead && fits;
         let nodes = tree.draft_len();
         self.awaited = Some(Awaited::Tree {
             step: plan.step,

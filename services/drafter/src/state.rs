@@ -20,6 +20,8 @@ pub struct Shared {
     pub max_context: usize,
     /// Pipelined "nothing drafted" trees.
     pub pipeline: bool,
+    /// Draft model trees are drafted ahead of their outcome.
+    pub draft_ahead: bool,
     /// How long a new stream may take to send its `start`.
     pub start_timeout: Duration,
     /// Becomes `true` when the shutdown grace period is over: open streams

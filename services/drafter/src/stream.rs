@@ -5,7 +5,11 @@
 //! [`DraftSession`] and sends the trees it plans: one per applied outcome,
 //! and the empty trees it plans ahead. Model-free
 //! drafting takes microseconds and runs inline; a propose that may run the
-//! draft model moves the session onto a blocking thread and back.
+//! draft model moves the session onto a blocking thread and back. With
+//! `--draft-ahead`, the session stays on a blocking thread after a model
+//! tree is sent, drafting its guess at the next one (`session::ahead`),
+//! while the task waits for the outcome; the outcome is applied once the
+//! guess is done.
 //!
 //! How a stream ends decides what happens to the session's output:
 //!
@@ -66,6 +70,8 @@ struct Tally {
     best_path_hits: u64,
     accepted: u64,
     ignored: u64,
+    /// Microseconds the verifier waited for our trees.
+    tree_wait_us: u64,
 }
 
 impl Tally {
@@ -74,6 +80,7 @@ impl Tally {
         self.speculative_steps += u64::from(r.speculative);
         self.best_path_hits += u64::from(r.best_path_hit);
         self.accepted += r.accepted as u64;
+        self.tree_wait_us += r.tree_wait_us;
     }
 }
 
@@ -121,6 +128,7 @@ impl DraftStream {
         match result {
             Ok((session, end)) => {
                 drop(tx);
+                let ahead = session.ahead_stats();
                 tracing::info!(
                     ?end,
                     trees = tally.trees,
@@ -133,6 +141,11 @@ impl DraftStream {
                     step_overhead = session.step_overhead(),
                     arms = ?session.arm_steps(),
                     draft_forward_ms = session.draft_forward_secs().map(|s| s * 1e3),
+                    ahead_drafted = ahead.drafted,
+                    ahead_hits = ahead.hits,
+                    ahead_hit_rate = ahead.hit_rate(),
+                    ahead_ms = ahead.secs * 1e3,
+                    tree_wait_ms_per_step = tally.tree_wait_us as f64 * 1e-3 / tally.steps.max(1) as f64,
                     "draft session ended"
                 );
                 index_output(shared, session).await;
@@ -180,7 +193,8 @@ impl DraftStream {
             "draft session started"
         );
         let mut session =
-            DraftSession::new(spec, drafter, self.shared.max_context, self.shared.pipeline)?;
+            DraftSession::new(spec, drafter, self.shared.max_context, self.shared.pipeline)?
+                .with_draft_ahead(self.shared.draft_ahead);
         let plan = session.plan_first();
         let (mut session, drafted) = draft(session, plan).await?;
         if !self.send(drafted).await? {
@@ -192,8 +206,13 @@ impl DraftStream {
         {
             return Ok((session, End::Gone));
         }
+        let mut held = Held::start(session);
         loop {
-            let outcome = match self.recv().await? {
+            let received = self.recv().await;
+            // The outcome (or the stream's end) is here: the guess drafted
+            // ahead, if any, is what the verifier waits on now.
+            let mut session = held.join().await?;
+            let outcome = match received? {
                 Ok(Some(v1::DraftRequest {
                     kind: Some(Kind::Outcome(o)),
                 })) => o,
@@ -221,15 +240,20 @@ impl DraftStream {
                     self.tally.ignored += 1;
                     self.shared.stats.stale_outcome();
                     tracing::debug!(step, "ignoring a stale or duplicated outcome");
+                    held = Held::Here(session);
                     continue;
                 }
-                Applied::Within(_) => continue,
+                Applied::Within(_) => {
+                    held = Held::Here(session);
+                    continue;
+                }
                 Applied::Ahead { batch, .. } => {
                     if let Some(empty) = session.plan_ahead(batch)
                         && !self.send(empty).await?
                     {
                         return Ok((session, End::Gone));
                     }
+                    held = Held::Here(session);
                     continue;
                 }
                 Applied::Next { batch, .. } => batch,
@@ -245,6 +269,7 @@ impl DraftStream {
             {
                 return Ok((session, End::Gone));
             }
+            held = Held::start(session);
         }
     }
 
@@ -289,6 +314,39 @@ impl DraftStream {
             self.shared.stats.tree_sent(drafted.nodes, drafted.took);
         }
         Ok(sent)
+    }
+}
+
+/// The session, or the blocking task drafting ahead with it (see
+/// `session::ahead`).
+#[derive(Debug)]
+enum Held {
+    Here(DraftSession),
+    Ahead(tokio::task::JoinHandle<DraftSession>),
+}
+
+impl Held {
+    /// Starts drafting ahead when the session wants to.
+    fn start(session: DraftSession) -> Held {
+        if !session.wants_ahead() {
+            return Held::Here(session);
+        }
+        let span = tracing::debug_span!("propose_ahead");
+        Held::Ahead(tokio::task::spawn_blocking(move || {
+            let mut session = session;
+            span.in_scope(|| session.draft_ahead());
+            session
+        }))
+    }
+
+    /// The session, once its guess (if any) is drafted.
+    async fn join(self) -> Result<DraftSession, SessionError> {
+        match self {
+            Held::Here(s) => Ok(s),
+            Held::Ahead(task) => task
+                .await
+                .map_err(|e| SessionError::Internal(format!("draft-ahead worker: {e}"))),
+        }
     }
 }
 

@@ -11,6 +11,10 @@ pub struct SpecStats {
     accepted: u32,
     /// Tokens the target committed, EOS included (see [`Self::to_wire`]).
     committed: u64,
+    /// Microseconds the steps waited for the drafter's trees.
+    tree_wait_us: u64,
+    /// Steps that verified a tree drafted ahead.
+    drafted_ahead: u32,
 }
 
 impl SpecStats {
@@ -27,6 +31,12 @@ impl SpecStats {
         self.committed = self
             .committed
             .saturating_add(step.tokens.len() as u64 + eos);
+        self.tree_wait_us = self
+            .tree_wait_us
+            .saturating_add(u64::from(step.tree_wait_us));
+        self.drafted_ahead = self
+            .drafted_ahead
+            .saturating_add(u32::from(step.drafted_ahead));
     }
 
     /// The wire form. `mean_accepted_per_step` is committed tokens per verify
@@ -44,6 +54,8 @@ impl SpecStats {
             drafted_tokens: self.drafted,
             accepted_tokens: self.accepted,
             mean_accepted_per_step: mean,
+            tree_wait_seconds: self.tree_wait_us as f64 * 1e-6,
+            drafted_ahead_steps: self.drafted_ahead,
         }
     }
 }
@@ -60,6 +72,7 @@ mod tests {
             accepted,
             finished: eos,
             eos,
+            ..Committed::default()
         }
     }
 
@@ -91,6 +104,21 @@ mod tests {
             (3, 21, 6)
         );
         assert_eq!(w.mean_accepted_per_step, 3.0);
+    }
+
+    #[test]
+    fn tree_waits_and_drafted_ahead_steps_add_up() {
+        let mut s = SpecStats::default();
+        for (wait, ahead) in [(1500, false), (0, true), (250, true)] {
+            s.record(&Committed {
+                tree_wait_us: wait,
+                drafted_ahead: ahead,
+                ..step(2, 4, 1, false)
+            });
+        }
+        let w = s.to_wire();
+        assert!((w.tree_wait_seconds - 0.00175).abs() < 1e-12);
+        assert_eq!(w.drafted_ahead_steps, 2);
     }
 
     #[test]

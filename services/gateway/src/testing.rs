@@ -159,6 +159,7 @@ pub fn committed_ids(
             accepted,
             finished,
             eos,
+            ..Committed::default()
         })),
     })
 }

@@ -18,6 +18,8 @@ pub struct Report {
     path: Vec<u32>,
     committed: Vec<u32>,
     top_k: Vec<v1::TopTokens>,
+    /// Microseconds its steps waited for the drafter's tree.
+    wait_us: u64,
 }
 
 impl Report {
@@ -31,7 +33,13 @@ impl Report {
             path: Vec::new(),
             committed: Vec::new(),
             top_k: Vec::new(),
+            wait_us: 0,
         }
+    }
+
+    /// Adds what a step waited for the drafter's tree.
+    pub fn waited(&mut self, us: u32) {
+        self.wait_us += u64::from(us);
     }
 
     /// Adds the next step's verification.
@@ -66,6 +74,7 @@ impl Report {
             top_k: self.top_k,
             batch_size: batch_size as u32,
             span: (self.last - self.first + 1) as u32,
+            tree_wait_us: self.wait_us,
         }
     }
 }

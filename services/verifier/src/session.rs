@@ -114,6 +114,7 @@ async fn drive_inner(
     let _decoding = Gauge::up(&v.decoding);
     let mut steps = Steps::new(run.epoch, bounds, link.is_some());
     loop {
+        let asked = std::time::Instant::now();
         let answer = match link.as_mut().filter(|_| steps.wants_tree()) {
             Some(l) => Some(tokio::select! {
                 a = l.tree_for(steps.epoch(), steps.step(), v.config.draft_timeout) => a,
@@ -121,6 +122,9 @@ async fn drive_inner(
             }),
             None => None,
         };
+        if answer.is_some() {
+            steps.waited(asked.elapsed());
+        }
         let planned = steps.plan(answer, session.root(), session.room(&v.model))?;
         if let Some(why) = &planned.dropped {
             tracing::warn!(reason = %why, "dropping the drafter: going on without speculation");

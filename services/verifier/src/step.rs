@@ -74,6 +74,10 @@ pub struct Steps {
     step: u64,
     /// The outcome owed to the drafter: set while a span's steps run.
     report: Option<Report>,
+    /// What this step waited for the drafter's tree, in microseconds.
+    wait_us: u32,
+    /// This step verifies a tree the drafter drafted ahead.
+    drafted_ahead: bool,
 }
 
 impl Steps {
@@ -85,6 +89,8 @@ impl Steps {
             drafting: drafting && bounds.max_draft > 0,
             step: 0,
             report: None,
+            wait_us: 0,
+            drafted_ahead: false,
         }
     }
 
@@ -107,6 +113,12 @@ impl Steps {
     /// the span is over).
     pub fn wants_tree(&self) -> bool {
         self.drafting && self.report.is_none()
+    }
+
+    /// Records how long this step waited for the drafter's answer (before
+    /// [`Steps::plan`]).
+    pub fn waited(&mut self, wait: std::time::Duration) {
+        self.wait_us = u32::try_from(wait.as_micros()).unwrap_or(u32::MAX);
     }
 
     /// The drafter is gone: plain decoding from here on.
@@ -136,7 +148,10 @@ impl Steps {
                 }
                 Answer::Refused(why) => return Err(VerifierError::DrafterRefused(why)),
                 Answer::Tree(wire) => match self.accept(&wire, root, room) {
-                    Ok(planned) => planned,
+                    Ok(planned) => {
+                        self.drafted_ahead = wire.drafted_ahead && !wire.nodes.is_empty();
+                        planned
+                    }
                     Err(why) => {
                         dropped = Some(why);
                         (root_only(root, self.bounds.vocab)?, self.step)
@@ -146,7 +161,9 @@ impl Steps {
             if dropped.is_some() {
                 self.drafter_lost();
             } else {
-                self.report = Some(Report::new(self.step, through));
+                let mut report = Report::new(self.step, through);
+                report.waited(self.wait_us);
+                self.report = Some(report);
             }
             tree
         };
@@ -209,6 +226,8 @@ impl Steps {
             accepted: step.accepted as u32,
             finished,
             eos: step.finish == Some(Finish::Eos),
+            tree_wait_us: std::mem::take(&mut self.wait_us),
+            drafted_ahead: std::mem::take(&mut self.drafted_ahead),
         };
         let mut outcome = None;
         if !finished && let Some(r) = self.report.as_mut() {

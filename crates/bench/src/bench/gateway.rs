@@ -84,5 +84,7 @@ pub async fn request(
         verify_steps: spec.verify_steps,
         drafted_tokens: spec.drafted_tokens,
         accepted_tokens: spec.accepted_tokens,
+        tree_wait_seconds: spec.tree_wait_seconds,
+        drafted_ahead_steps: spec.drafted_ahead_steps,
     })
 }

@@ -71,6 +71,8 @@ impl InProcess {
             verify_steps: g.stats.verify_steps as u32,
             drafted_tokens: g.stats.drafted_tokens as u32,
             accepted_tokens: g.stats.accepted_tokens as u32,
+            tree_wait_seconds: 0.0,
+            drafted_ahead_steps: 0,
         })
     }
 }

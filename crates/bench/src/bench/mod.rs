@@ -85,6 +85,11 @@ pub struct Args {
     /// drafter may use).
     #[arg(long)]
     drafter_threads: Option<usize>,
+    /// With --up and --draft-model: the drafter drafts the draft model's
+    /// trees ahead, during the verification of the last (pays when the
+    /// drafter has cores of its own, `--drafter-cpus`).
+    #[arg(long, requires = "draft_model")]
+    draft_ahead: bool,
     /// Directory with llama.cpp's `llama-server` (default: where
     /// tools/bench/setup.sh puts it).
     #[arg(long, env = "SPECMESH_PEER_BIN")]
@@ -193,6 +198,10 @@ struct Run {
     verify_steps: u32,
     drafted_tokens: u32,
     accepted_tokens: u32,
+    /// Seconds the verify steps waited for the drafter's trees.
+    tree_wait_seconds: f64,
+    /// Steps that verified a tree the drafter drafted ahead.
+    drafted_ahead_steps: u32,
 }
 
 #[derive(Serialize)]
@@ -267,6 +276,7 @@ pub fn run(args: Args) -> Result<()> {
                     verifier_cpus: args.verifier_cpus.clone(),
                     drafter_cpus: args.drafter_cpus.clone(),
                     drafter_threads: args.drafter_threads,
+                    draft_ahead: args.draft_ahead,
                     timeout: Duration::from_secs(600),
                 })
                 .await?,

@@ -269,6 +269,8 @@ impl Peer {
             verify_steps: steps,
             drafted_tokens: tm.draft_n,
             accepted_tokens: tm.draft_n_accepted,
+            tree_wait_seconds: 0.0,
+            drafted_ahead_steps: 0,
         })
     }
 }

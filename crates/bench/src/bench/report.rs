@@ -71,6 +71,10 @@ pub struct ConfigRow {
     pub itl_p50_ms: f64,
     pub itl_p99_ms: f64,
     pub ms_per_step: f64,
+    /// Milliseconds a verify step waited for the drafter's tree, on average.
+    pub tree_wait_ms_per_step: f64,
+    /// Share of verify steps whose tree was drafted ahead.
+    pub drafted_ahead_share: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -170,6 +174,14 @@ pub fn summarize(runs: &[Run], configs: &[Config], waves: &[Wave]) -> Summary {
                 itl_p50_ms: percentile(itl.clone(), 0.5) * 1e3,
                 itl_p99_ms: percentile(itl, 0.99) * 1e3,
                 ms_per_step: decode / s.steps.max(1.0) * 1e3,
+                tree_wait_ms_per_step: rs.iter().map(|r| r.tree_wait_seconds).sum::<f64>()
+                    / s.steps.max(1.0)
+                    * 1e3,
+                drafted_ahead_share: rs
+                    .iter()
+                    .map(|r| f64::from(r.drafted_ahead_steps))
+                    .sum::<f64>()
+                    / s.steps.max(1.0),
             }
         })
         .collect();
@@ -262,9 +274,14 @@ pub fn tables(summary: &Summary, configs: &[Config]) -> Vec<Table> {
         let named = |b: Option<(Config, f64)>| {
             b.map_or("—".into(), |(cfg, x)| format!("{x:.2}x ({})", cfg.name()))
         };
+        // Without an auto configuration there is no auto to compare.
+        let auto_ran = configs
+            .iter()
+            .any(|c| matches!(c, Config::Auto | Config::InProcessAuto));
+        let auto = |v: String| if auto_ran { v } else { "—".into() };
         cells.extend([
-            format!("{:.2}x", row.speedup),
-            format!("{:.2}", row.tau),
+            auto(format!("{:.2}x", row.speedup)),
+            auto(format!("{:.2}", row.tau)),
             named(row.best),
         ]);
         if peer {
@@ -283,6 +300,8 @@ pub fn tables(summary: &Summary, configs: &[Config]) -> Vec<Table> {
         "ITL p50 ms",
         "ITL p99 ms",
         "ms per step",
+        "tree wait ms/step",
+        "drafted ahead",
     ]);
     for c in &summary.configs {
         // Only the gateway's stream has inter-token gaps to measure.
@@ -302,6 +321,12 @@ pub fn tables(summary: &Summary, configs: &[Config]) -> Vec<Table> {
             itl(c.itl_p50_ms),
             itl(c.itl_p99_ms),
             format!("{:.2}", c.ms_per_step),
+            itl(c.tree_wait_ms_per_step),
+            if streamed {
+                format!("{:.0}%", c.drafted_ahead_share * 100.0)
+            } else {
+                "—".to_string()
+            },
         ]);
     }
     let mut out = vec![by_category, by_config];

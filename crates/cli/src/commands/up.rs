@@ -41,6 +41,11 @@ pub struct Args {
     /// may use).
     #[arg(long, requires = "draft_model")]
     drafter_threads: Option<usize>,
+    /// The drafters draft the draft model's next tree while the verifier
+    /// verifies the last (`specmesh-drafter --draft-ahead`); pays when the
+    /// drafters have cores of their own (`--drafter-cpus`).
+    #[arg(long, requires = "draft_model")]
+    draft_ahead: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -57,6 +62,7 @@ pub fn run(args: Args) -> Result<()> {
             verifier_cpus: args.verifier_cpus,
             drafter_cpus: args.drafter_cpus,
             drafter_threads: args.drafter_threads,
+            draft_ahead: args.draft_ahead,
             timeout: Duration::from_secs(args.start_timeout_secs),
         })
         .await?;

@@ -209,7 +209,10 @@ fn k_quant_and_q5_0_results_are_identical_on_every_isa() {
     let mut s = QuantizedRows::default();
     // Activation rows on both sides of the two-group kernels' threshold
     // (`packed_kquant_512::MIN_ROWS`), a full 8 and a remainder after it.
-    for (format, k) in ISA_EXACT.into_iter().flat_map(|f| [1, 4, 5, 7, 8, 13].map(|k| (f, k))) {
+    for (format, k) in ISA_EXACT
+        .into_iter()
+        .flat_map(|f| [1, 4, 5, 7, 8, 13].map(|k| (f, k)))
+    {
         let cols = cols_for(format, 64) * 3;
         let w = random_quant(format, 21, cols, &mut rng);
         let x = random_acts(k, cols, &mut rng);

@@ -31,6 +31,7 @@ impl DraftSession {
             return Err(SessionError::invalid("outcome.step", reason));
         }
         let span = u64::from(wire.span.max(1));
+        let tree_wait_us = wire.tree_wait_us;
         // `step` is at most `last`, a step a tree was sent for: no overflow.
         let first = (step + 1).checked_sub(span);
         if first != Some(next) {
@@ -57,13 +58,16 @@ impl DraftSession {
             Awaited::Tree { tree, arm, .. } => self.apply_tree(wire, tree, *arm),
             Awaited::Span { arm, .. } => self.apply_span(wire, span as usize, *arm),
         };
-        let (reported, batch) = match applied {
+        let (mut reported, batch) = match applied {
             Ok(a) => a,
             Err(e) => {
                 self.awaited = Some(awaited);
                 return Err(e);
             }
         };
+        reported.tree_wait_us = tree_wait_us;
+        // Whatever the outcome, a guess drafted ahead is settled by it.
+        self.settle_guess();
         let (draft_secs, model_forwards, caught_up) = if drafted > 0 {
             std::mem::take(&mut self.last_draft)
         } else {
@@ -126,6 +130,20 @@ impl DraftSession {
                 top_k: &o.top_k,
             };
             self.drafter.observe(&feedback);
+            if let Some(p) = self.arms.policy_mut(arm) {
+                p.observe_feedback(&feedback);
+            }
+        } else if tree.len() > 1 {
+            // The verifier did not verify our tree (it came after the
+            // draft timeout): to the policy, a tree that late is one whose
+            // every node was rejected, so an arm too slow to be waited for
+            // stops being chosen.
+            let feedback = Feedback {
+                tree,
+                path: &[0],
+                committed: &o.committed,
+                top_k: &[],
+            };
             if let Some(p) = self.arms.policy_mut(arm) {
                 p.observe_feedback(&feedback);
             }

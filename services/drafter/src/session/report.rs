@@ -14,6 +14,9 @@ pub struct Reported {
     /// A speculative step that accepted its tree's most likely full path
     /// ([`best_path`]) entirely.
     pub best_path_hit: bool,
+    /// Microseconds the verifier waited for the trees of the steps
+    /// reported.
+    pub tree_wait_us: u64,
 }
 
 impl Reported {
@@ -34,6 +37,7 @@ impl Reported {
             accepted: path.len().saturating_sub(1),
             speculative,
             best_path_hit: speculative && path == best_path(tree),
+            tree_wait_us: 0,
         }
     }
 }

@@ -36,6 +36,7 @@ fn model_config(layers: Option<usize>) -> DraftModelConfig {
         target_tokenizer: Some(model_path()),
         threads: Some(2),
         max_sessions: 4,
+        draft_ahead: false,
     }
 }
 

@@ -196,3 +196,25 @@ fn a_refusal_fails_the_run_with_the_drafters_reason() {
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     assert!(e.to_string().contains(why), "{e}");
 }
+
+#[test]
+fn the_wait_for_a_tree_and_a_tree_drafted_ahead_are_reported() {
+    let mut s = Steps::new(0, BOUNDS, true);
+    s.waited(std::time::Duration::from_micros(2500));
+    let mut ahead = wire_tree(7, 0);
+    ahead.drafted_ahead = true;
+    s.plan(Some(Answer::Tree(ahead)), 7, 100).unwrap();
+    let v = s.verified(&step(vec![0, 1], vec![11], 12, 3), 3, 1);
+    assert_eq!(v.committed.tree_wait_us, 2500);
+    assert!(v.committed.drafted_ahead);
+    assert_eq!(v.outcome.expect("due").tree_wait_us, 2500);
+
+    // The next step waited for nothing and its tree was drafted after
+    // the outcome: neither carries over.
+    s.plan(Some(Answer::Tree(wire_tree(12, 1))), 12, 100)
+        .unwrap();
+    let v = s.verified(&step(vec![0], vec![], 5, 3), 3, 1);
+    assert_eq!(v.committed.tree_wait_us, 0);
+    assert!(!v.committed.drafted_ahead);
+    assert_eq!(v.outcome.expect("due").tree_wait_us, 0);
+}
