@@ -18,8 +18,18 @@ impl Service {
     /// Starts `name` (`specmesh-drafter`, …) with `args` on a free loopback
     /// port and waits for its `NAME listening on ADDR` line.
     pub fn start<S: AsRef<OsStr>>(name: &str, args: &[S], env: &[(&str, &str)]) -> Service {
+        Service::start_at(name, "127.0.0.1:0", args, env)
+    }
+
+    /// [`Service::start`] on the address `listen`.
+    pub fn start_at<S: AsRef<OsStr>>(
+        name: &str,
+        listen: &str,
+        args: &[S],
+        env: &[(&str, &str)],
+    ) -> Service {
         let mut cmd = Command::new(binary(name));
-        cmd.args(["--listen", "127.0.0.1:0"])
+        cmd.args(["--listen", listen])
             .args(args)
             .env("SPECMESH_LOG", "warn")
             .stdin(Stdio::null())

@@ -17,6 +17,7 @@
 mod config;
 mod decode;
 mod error;
+mod health;
 mod model;
 mod output;
 mod placement;

@@ -9,27 +9,53 @@
 //!   flight from this gateway (ties rotate, so idle pods share the load).
 //! * The drafter is the rendezvous choice for the tenant, so one tenant's
 //!   cross-session suffix index lives on one drafter.
+//! * Members the gateway's health watch ([`crate::health`]) finds down are
+//!   left out of both choices until they recover: a session or tenant whose
+//!   member is down moves to the next in its rendezvous order, and back
+//!   when it returns.
 //!
 //! The hash is FNV-1a with a SplitMix64 finalizer: fixed, so placements are
 //! stable across processes and releases (std's `DefaultHasher` promises
 //! neither).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// The verifiers and drafters requests may be placed on.
 #[derive(Debug)]
 pub struct Placer {
     verifiers: Vec<VerifierSlot>,
-    drafters: Vec<String>,
+    drafters: Vec<Member>,
     /// Where the least-loaded scan starts, so ties rotate.
     cursor: AtomicUsize,
 }
 
 #[derive(Debug)]
 struct VerifierSlot {
-    endpoint: String,
+    member: Member,
     in_flight: Arc<AtomicUsize>,
+}
+
+/// One configured verifier or drafter, and whether it is up.
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub endpoint: String,
+    /// Set by the health watch; members start up, so a gateway that has not
+    /// heard from them yet still places on them.
+    pub healthy: Arc<AtomicBool>,
+}
+
+impl Member {
+    fn new(endpoint: String) -> Member {
+        Member {
+            endpoint,
+            healthy: Arc::new(AtomicBool::new(true)),
+        }
+    }
+
+    fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
 }
 
 /// What placement needs to know about a request.
@@ -82,17 +108,27 @@ impl Placer {
             verifiers: verifiers
                 .into_iter()
                 .map(|endpoint| VerifierSlot {
-                    endpoint,
+                    member: Member::new(endpoint),
                     in_flight: Arc::default(),
                 })
                 .collect(),
-            drafters,
+            drafters: drafters.into_iter().map(Member::new).collect(),
             cursor: AtomicUsize::new(0),
         }
     }
 
     pub fn verifier_count(&self) -> usize {
         self.verifiers.len()
+    }
+
+    /// The verifiers, in the configured order, for the health watch.
+    pub fn verifiers(&self) -> impl Iterator<Item = &Member> {
+        self.verifiers.iter().map(|v| &v.member)
+    }
+
+    /// The drafters, in the configured order, for the health watch.
+    pub fn drafters(&self) -> impl Iterator<Item = &Member> {
+        self.drafters.iter()
     }
 
     /// Requests from this gateway running on verifier `index` now.
@@ -103,8 +139,13 @@ impl Placer {
     }
 
     /// Places a request, avoiding the verifiers in `exclude` (those that
-    /// already failed it). `None` when every verifier is excluded.
+    /// already failed it) and those found down. `None` when no verifier is
+    /// left.
     pub fn place(&self, key: PlacementKey<'_>, exclude: &[usize], epoch: u64) -> Option<Placement> {
+        let mut exclude = exclude.to_vec();
+        exclude
+            .extend((0..self.verifiers.len()).filter(|&i| !self.verifiers[i].member.is_healthy()));
+        let exclude = exclude.as_slice();
         let index = match key.session_id {
             Some(id) => self.rendezvous_verifier(id, exclude),
             None => self.least_loaded(exclude),
@@ -113,7 +154,7 @@ impl Placer {
         slot.in_flight.fetch_add(1, Ordering::Relaxed);
         let verifier = VerifierLease {
             index,
-            endpoint: slot.endpoint.clone(),
+            endpoint: slot.member.endpoint.clone(),
             in_flight: slot.in_flight.clone(),
         };
         let drafter = if key.speculate {
@@ -128,16 +169,20 @@ impl Placer {
         })
     }
 
-    /// The tenant's drafter, `None` when no drafter is configured.
+    /// The tenant's drafter, `None` when none is configured or up.
     pub fn drafter(&self, tenant: &str) -> Option<&str> {
-        let best = rendezvous(tenant, self.drafters.iter().map(String::as_str), &[])?;
-        self.drafters.get(best).map(String::as_str)
+        let down: Vec<usize> = (0..self.drafters.len())
+            .filter(|&i| !self.drafters[i].is_healthy())
+            .collect();
+        let nodes = self.drafters.iter().map(|d| d.endpoint.as_str());
+        let best = rendezvous(tenant, nodes, &down)?;
+        self.drafters.get(best).map(|d| d.endpoint.as_str())
     }
 
     fn rendezvous_verifier(&self, session_id: &str, exclude: &[usize]) -> Option<usize> {
         rendezvous(
             session_id,
-            self.verifiers.iter().map(|v| v.endpoint.as_str()),
+            self.verifiers.iter().map(|v| v.member.endpoint.as_str()),
             exclude,
         )
     }
@@ -343,5 +388,60 @@ mod tests {
         assert_eq!(off.drafter, None);
         let no_drafters = Placer::new(endpoints(1), Vec::new());
         assert_eq!(no_drafters.place(ANON, &[], 1).unwrap().drafter, None);
+    }
+
+    #[test]
+    fn members_found_down_are_left_out_until_they_recover() {
+        let drafters: Vec<String> = (0..3).map(|i| format!("http://d-{i}:50061")).collect();
+        let placer = Placer::new(endpoints(3), drafters);
+        let down = |p: &Placer, i: usize, up: bool| {
+            p.verifiers()
+                .nth(i)
+                .unwrap()
+                .healthy
+                .store(up, Ordering::Relaxed)
+        };
+        // A session whose verifier is down moves, and comes back.
+        let home = placer
+            .place(session("s-7"), &[], 1)
+            .unwrap()
+            .verifier
+            .index();
+        down(&placer, home, false);
+        let moved = placer
+            .place(session("s-7"), &[], 1)
+            .unwrap()
+            .verifier
+            .index();
+        assert_ne!(moved, home);
+        for _ in 0..10 {
+            assert_ne!(placer.place(ANON, &[], 1).unwrap().verifier.index(), home);
+        }
+        down(&placer, home, true);
+        assert_eq!(
+            placer
+                .place(session("s-7"), &[], 1)
+                .unwrap()
+                .verifier
+                .index(),
+            home
+        );
+        // Every verifier down: nothing to place on.
+        (0..3).for_each(|i| down(&placer, i, false));
+        assert!(placer.place(ANON, &[], 1).is_none());
+        (0..3).for_each(|i| down(&placer, i, true));
+
+        // A tenant whose drafter is down gets the next one; none up: plain.
+        let first = placer.drafter("acme").unwrap().to_owned();
+        let member = placer.drafters().find(|d| d.endpoint == first).unwrap();
+        member.healthy.store(false, Ordering::Relaxed);
+        let second = placer.drafter("acme").unwrap().to_owned();
+        assert_ne!(second, first);
+        member.healthy.store(true, Ordering::Relaxed);
+        assert_eq!(placer.drafter("acme").unwrap(), first);
+        placer
+            .drafters()
+            .for_each(|d| d.healthy.store(false, Ordering::Relaxed));
+        assert_eq!(placer.place(ANON, &[], 1).unwrap().drafter, None);
     }
 }

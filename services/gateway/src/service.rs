@@ -25,6 +25,7 @@ use tracing::{Instrument, Span, error, field, info, info_span};
 use crate::config::{Config, ConfigError, DEFAULT_MAX_NEW_TOKENS};
 use crate::decode::{ClientGone, DecodeLoop, DeltaSink, RequestContext, Summary};
 use crate::error::GatewayError;
+use crate::health::{Role, Watches};
 use crate::model::ModelMeta;
 use crate::output::Delta;
 use crate::placement::Placer;
@@ -51,6 +52,8 @@ struct Shared {
     limiter: Arc<Semaphore>,
     max_concurrent: usize,
     default_timeout: Duration,
+    /// The members' health watches, for as long as the service lives.
+    _health: Watches,
 }
 
 impl GenerationService {
@@ -60,13 +63,10 @@ impl GenerationService {
     /// placed on it, and a lost one's sessions move elsewhere.
     pub fn new(config: &Config, model: ModelMeta) -> Result<Self, ConfigError> {
         let mut verifiers = Vec::with_capacity(config.verifiers.len());
+        let mut channels = Vec::with_capacity(config.verifiers.len() + config.drafters.len());
         for endpoint in &config.verifiers {
-            let channel = specmesh_server::client::channel(endpoint, config.connect_timeout)
-                .map_err(|e| ConfigError::BadEndpoint {
-                    flag: "verifiers",
-                    endpoint: e.endpoint,
-                    reason: e.reason,
-                })?;
+            let channel = member_channel(config, "verifiers", endpoint)?;
+            channels.push((Role::Verifier, channel.clone()));
             verifiers.push(
                 VerifierClient::new(channel)
                     .max_decoding_message_size(config.max_message_bytes)
@@ -88,10 +88,22 @@ impl GenerationService {
             default_max_new_tokens: DEFAULT_MAX_NEW_TOKENS,
             max_draft_tokens: config.max_draft_tokens,
         };
+        for endpoint in &config.drafters {
+            channels.push((Role::Drafter, member_channel(config, "drafters", endpoint)?));
+        }
         let placer = Arc::new(Placer::new(
             config.verifiers.clone(),
             config.drafters.clone(),
         ));
+        let mut health = Watches::default();
+        // Watching needs a runtime; a service built outside one (never the
+        // server's case) places on every member unwatched.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let members = placer.verifiers().chain(placer.drafters());
+            for (member, (role, channel)) in members.zip(channels) {
+                health.add(role, member.clone(), channel);
+            }
+        }
         let decode = DecodeLoop::new(
             placer,
             verifiers,
@@ -105,6 +117,7 @@ impl GenerationService {
                 limiter: Arc::new(Semaphore::new(max_concurrent)),
                 max_concurrent,
                 default_timeout: config.request_timeout,
+                _health: health,
             }),
         })
     }
@@ -371,6 +384,21 @@ fn last_chunk(summary: Summary) -> GenerateChunk {
         usage: Some(summary.usage),
         speculation: Some(summary.speculation),
     }
+}
+
+/// The channel to a member given by `--flag` (lazy: see `new`).
+fn member_channel(
+    config: &Config,
+    flag: &'static str,
+    endpoint: &str,
+) -> Result<tonic::transport::Channel, ConfigError> {
+    specmesh_server::client::channel(endpoint, config.connect_timeout).map_err(|e| {
+        ConfigError::BadEndpoint {
+            flag,
+            endpoint: e.endpoint,
+            reason: e.reason,
+        }
+    })
 }
 
 /// Logs a finished request once (in the request span).

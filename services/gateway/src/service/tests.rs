@@ -320,9 +320,12 @@ async fn no_reachable_verifier_is_unavailable() {
         .unwrap();
     let status = client.generate(prompt("Q: ", 2)).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable);
-    assert_eq!(
-        status.message(),
-        "no verifier is available for the request (1 attempted); retry later"
+    // 1 attempted, or none when the health watch found it down first.
+    let msg = status.message();
+    assert!(
+        [0, 1].iter().any(|n| msg
+            == format!("no verifier is available for the request ({n} attempted); retry later")),
+        "{msg}"
     );
     let _ = tx.send(());
     task.await.unwrap().unwrap();

@@ -1,0 +1,117 @@
+//! Member health: the gateway watches every configured verifier and
+//! drafter over `grpc.health.v1.Health/Watch` (the whole server's status,
+//! service `""`) and keeps each member's `healthy` flag, which placement
+//! reads ([`crate::placement`]).
+//!
+//! | what the member does                          | flag  |
+//! |-----------------------------------------------|-------|
+//! | reports SERVING                               | up    |
+//! | reports anything else (NOT_SERVING: draining) | down  |
+//! | cannot be reached, or the watch breaks        | down, retried with backoff |
+//! | has no health service (UNIMPLEMENTED)         | up: nothing to watch |
+//!
+//! A draining member (SIGTERM) reports NOT_SERVING before its running
+//! sessions end, so new sessions go elsewhere at once; a restarted one is
+//! placed on again as soon as its watch reports SERVING. Members start up:
+//! a gateway that has not heard from them yet still places on them, and a
+//! request that finds one down is re-placed as before.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tonic::Code;
+use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::placement::Member;
+
+/// First wait before watching a member again after a failure; doubles up
+/// to [`RETRY_MAX`], and starts over once the member answers.
+const RETRY_MIN: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(4);
+
+/// What a member is, for logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Verifier,
+    Drafter,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::Verifier => "verifier",
+            Role::Drafter => "drafter",
+        }
+    }
+}
+
+/// The running watches; dropping it stops them.
+#[derive(Debug, Default)]
+pub struct Watches(Vec<JoinHandle<()>>);
+
+impl Watches {
+    /// Starts watching `member` over `channel` (on the current runtime).
+    pub fn add(&mut self, role: Role, member: Member, channel: Channel) {
+        self.0.push(tokio::spawn(watch(role, member, channel)));
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Watches one member for as long as the gateway runs.
+async fn watch(role: Role, member: Member, channel: Channel) {
+    let mut client = HealthClient::new(channel);
+    let mut retry = RETRY_MIN;
+    loop {
+        let request = HealthCheckRequest {
+            service: String::new(),
+        };
+        match client.watch(request).await {
+            Ok(response) => {
+                let mut updates = response.into_inner();
+                // Each update is the member's status now; the stream ends
+                // or breaks only when the member goes away.
+                while let Ok(Some(update)) = updates.message().await {
+                    set(role, &member, update.status() == ServingStatus::Serving);
+                    retry = RETRY_MIN;
+                }
+                set(role, &member, false);
+            }
+            Err(status) if status.code() == Code::Unimplemented => {
+                tracing::warn!(
+                    role = role.name(),
+                    endpoint = %member.endpoint,
+                    "the member serves no grpc.health.v1: placing on it unwatched"
+                );
+                set(role, &member, true);
+                return;
+            }
+            Err(_) => set(role, &member, false),
+        }
+        tokio::time::sleep(retry).await;
+        retry = (retry * 2).min(RETRY_MAX);
+    }
+}
+
+/// Records the member's state, logging changes.
+fn set(role: Role, member: &Member, up: bool) {
+    let was = member.healthy.swap(up, Ordering::Relaxed);
+    if was == up {
+        return;
+    }
+    if up {
+        tracing::info!(role = role.name(), endpoint = %member.endpoint, "member up: placing on it again");
+    } else {
+        tracing::warn!(role = role.name(), endpoint = %member.endpoint, "member down: not placing on it");
+    }
+}
