@@ -25,7 +25,7 @@ use specmesh_proto::v1::{
 use specmesh_tokenizer::Tokenizer;
 use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
-use tracing::{Instrument, debug, field, info_span, warn};
+use tracing::{Instrument, debug, field, info, info_span, warn};
 
 use crate::error::GatewayError;
 use crate::output::{Delta, OutputBuilder};
@@ -96,6 +96,9 @@ enum AttemptError {
     /// The verifier went away (pod loss, connection reset, refused
     /// connection): the session can resume elsewhere.
     Lost(String),
+    /// The verifier is out of capacity (KV memory, sessions): another may
+    /// have room.
+    Full(String),
     /// Moving elsewhere would not help.
     Fatal(GatewayError),
 }
@@ -132,11 +135,22 @@ impl DecodeLoop {
         };
         let mut failed: Vec<usize> = Vec::new();
         let mut epoch = 1u64;
+        // Verifiers lost so far (bounded by `max_replacements`), and what
+        // the last one out of capacity said.
+        let mut lost = 0u64;
+        let mut full: Option<String> = None;
         loop {
             let attempts = u32::try_from(failed.len()).unwrap_or(u32::MAX);
-            let placement = self
-                .place(request, &failed, epoch)
-                .ok_or(GatewayError::NoVerifier { attempts })?;
+            let Some(placement) = self.place(request, &failed, epoch) else {
+                // Out of capacity somewhere is worth retrying later; no
+                // verifier at all is unavailability.
+                return Err(match full {
+                    Some(last) => GatewayError::VerifierExhausted {
+                        message: format!("{last} ({attempts} verifiers tried)"),
+                    },
+                    None => GatewayError::NoVerifier { attempts },
+                });
+            };
             let span = info_span!(
                 "verify_stream",
                 epoch,
@@ -151,13 +165,26 @@ impl DecodeLoop {
             match outcome {
                 Ok(reason) => return Ok(progress.finish(reason, request, ctx)),
                 Err(AttemptError::Fatal(e)) => return Err(e),
+                Err(AttemptError::Full(message)) => {
+                    // Refused at admission: nothing ran there, and another
+                    // verifier may have room.
+                    info!(
+                        verifier = placement.verifier.endpoint(),
+                        %message,
+                        "the verifier is out of capacity; trying another"
+                    );
+                    failed.push(placement.verifier.index());
+                    full = Some(message);
+                    epoch += 1;
+                }
                 Err(AttemptError::Lost(cause)) => {
                     failed.push(placement.verifier.index());
                     if remaining(request, &progress) == 0 {
                         // Every token arrived; only the final flag was lost.
                         return Ok(progress.finish(FinishReason::Length, request, ctx));
                     }
-                    let replacements = epoch - 1;
+                    let replacements = lost;
+                    lost += 1;
                     if replacements >= u64::from(self.max_replacements) {
                         warn!(
                             verifier = placement.verifier.endpoint(),
@@ -412,7 +439,7 @@ fn classify(status: Status, ctx: &RequestContext) -> AttemptError {
         Code::Unknown | Code::Internal | Code::Cancelled if from_transport => {
             AttemptError::Lost(format!("connection lost: {message}"))
         }
-        Code::ResourceExhausted => AttemptError::Fatal(GatewayError::VerifierExhausted { message }),
+        Code::ResourceExhausted => AttemptError::Full(message),
         Code::DeadlineExceeded => AttemptError::Fatal(GatewayError::DeadlineExceeded {
             timeout: ctx.timeout,
         }),

@@ -324,10 +324,6 @@ async fn a_lone_lost_verifier_is_unavailable() {
 async fn verifier_refusals_end_the_request_without_moving_it() {
     for (status, code) in [
         (
-            Status::resource_exhausted("kv budget full"),
-            Code::ResourceExhausted,
-        ),
-        (
             Status::invalid_argument("context too long"),
             Code::InvalidArgument,
         ),
@@ -344,18 +340,38 @@ async fn verifier_refusals_end_the_request_without_moving_it() {
         assert_eq!(err.code(), code, "{err}");
         assert!(b.log.requests().is_empty());
     }
-    let a = spawn_verifier(vec![vec![Step::Fail(Status::resource_exhausted(
-        "kv budget full",
-    ))]])
-    .await;
-    let dl = decode_loop(&[&a.endpoint], &[], 2);
+}
+
+#[tokio::test]
+async fn a_verifier_out_of_capacity_sends_the_request_to_another() {
+    let full = || Step::Fail(Status::resource_exhausted("kv budget full"));
+    // Placement without a session id starts anywhere; whichever verifier is
+    // full, the other serves the request, and neither counts as lost.
+    let a = spawn_verifier(vec![vec![full()]]).await;
+    let b = spawn_verifier(vec![vec![started(), finished(0, "x")]]).await;
+    let dl = decode_loop(&[&a.endpoint, &b.endpoint], &[], 0);
+    let mut sink = TestSink::default();
+    let summary = dl.run(&request(1, &[]), &ctx(), &mut sink).await.unwrap();
+    assert_eq!(sink.all(&summary).0, "x");
+    assert_eq!(b.log.requests().len(), 1);
+
+    // Every verifier full: RESOURCE_EXHAUSTED, saying so.
+    let a = spawn_verifier(vec![vec![full()]]).await;
+    let b = spawn_verifier(vec![vec![full()]]).await;
+    let dl = decode_loop(&[&a.endpoint, &b.endpoint], &[], 2);
     let err = dl
         .run(&request(1, &[]), &ctx(), &mut TestSink::default())
         .await
         .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
     assert_eq!(
         err.to_string(),
-        "the verifier is out of capacity: kv budget full"
+        "the verifier is out of capacity: kv budget full (2 verifiers tried)"
+    );
+    assert_eq!(
+        (a.log.requests().len(), b.log.requests().len()),
+        (1, 1),
+        "each was asked once"
     );
 }
 
