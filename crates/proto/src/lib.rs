@@ -18,7 +18,7 @@ mod start;
 pub use convert::{ConvertError, tree_from_wire, tree_span, tree_to_wire};
 pub use field::FieldError;
 pub use limits::{MAX_TREE_SPAN, last_step};
-pub use run::{RunDraft, RunSpec};
+pub use run::{CacheKey, RunDraft, RunSpec};
 pub use sampling::check_top_k;
 pub use start::{
     ANONYMOUS_TENANT, CurveFallback, MAX_MODEL_NAME_BYTES, StartSpec, TargetModel,

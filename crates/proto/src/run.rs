@@ -24,7 +24,20 @@ pub struct RunSpec {
     pub draft: Option<RunDraft>,
     /// Keep the session's KV under this key at its end (and take it at its
     /// start); `None`: no reuse.
-    pub cache_key: Option<String>,
+    pub cache_key: Option<CacheKey>,
+}
+
+/// Where a kept KV cache is found: the caller's key, within its tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CacheKey {
+    pub tenant: String,
+    pub key: String,
+}
+
+impl std::fmt::Display for CacheKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.tenant, self.key)
+    }
 }
 
 /// The drafter a run is placed with.
@@ -59,6 +72,7 @@ impl TryFrom<v1::RunRequest> for RunSpec {
         }
         check_id("session_id", &r.session_id)?;
         check_id("cache_key", &r.cache_key)?;
+        check_id("tenant", &r.tenant)?;
         let sampling = SamplingParams::try_from(r.sampling.unwrap_or_default())?;
         let draft = match r.draft {
             Some(d) if !d.endpoint.is_empty() => {
@@ -88,7 +102,10 @@ impl TryFrom<v1::RunRequest> for RunSpec {
             max_new_tokens: r.max_new_tokens as usize,
             sampling,
             draft,
-            cache_key: Some(r.cache_key).filter(|k| !k.is_empty()),
+            cache_key: (!r.cache_key.is_empty()).then_some(CacheKey {
+                tenant: r.tenant,
+                key: r.cache_key,
+            }),
         })
     }
 }
@@ -119,6 +136,19 @@ mod tests {
         let s = RunSpec::try_from(r).unwrap();
         assert_eq!((s.prompt_len, s.max_new_tokens), (2, 4));
         assert_eq!(s.cache_key, None);
+        let keyed = RunSpec::try_from(v1::RunRequest {
+            cache_key: "chat".into(),
+            tenant: "acme".into(),
+            ..request()
+        })
+        .unwrap();
+        assert_eq!(
+            keyed.cache_key,
+            Some(CacheKey {
+                tenant: "acme".into(),
+                key: "chat".into()
+            })
+        );
         let draft = s.draft.unwrap();
         assert_eq!(draft.max_draft_tokens, None);
         assert_eq!(draft.sources, Sources::Combined);
@@ -150,6 +180,10 @@ mod tests {
         assert_eq!(
             bad(|r| r.cache_key = "k".repeat(129)),
             "`cache_key` must be at most 128 bytes, got 129"
+        );
+        assert_eq!(
+            bad(|r| r.tenant = "t".repeat(129)),
+            "`tenant` must be at most 128 bytes, got 129"
         );
         assert!(
             bad(|r| r.sampling = Some(v1::SamplingParams {

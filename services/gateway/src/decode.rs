@@ -353,8 +353,10 @@ fn run_request(
             tenant: request.tenant.clone(),
             sources: request.speculation.sources() as i32,
         }),
-        // Multi-turn sessions keep their KV on the verifier for the next turn.
+        // Multi-turn sessions keep their KV on the verifier for the next
+        // turn, found only by the same tenant.
         cache_key: request.session_id.clone().unwrap_or_default(),
+        tenant: request.tenant.clone(),
     }
 }
 

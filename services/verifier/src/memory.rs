@@ -1,19 +1,26 @@
 //! KV memory: a byte budget shared by running sessions (reserved up front
 //! for their whole length) and kept sessions (their actual caches), with
 //! kept sessions evicted least recently used first when room is needed.
+//! Kept sessions are found by tenant and key ([`CacheKey`]), so one tenant
+//! never takes another's cache.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use specmesh_model::Sequence;
+use specmesh_proto::CacheKey;
 
 #[derive(Debug)]
 struct State {
     budget: u64,
     reserved: u64,
-    cached: HashMap<String, Kept>,
+    cached: HashMap<CacheKey, Kept>,
     max_cached: usize,
+    /// Kept caches evicted since start.
+    evicted: u64,
+    /// Context tokens taken from kept caches since start.
+    reused: u64,
 }
 
 #[derive(Debug)]
@@ -62,6 +69,8 @@ pub struct Usage {
     pub cached: u64,
     pub cached_sessions: usize,
     pub budget: u64,
+    pub evicted: u64,
+    pub reused_tokens: u64,
 }
 
 fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -78,6 +87,8 @@ impl KvMemory {
                 reserved: 0,
                 cached: HashMap::new(),
                 max_cached,
+                evicted: 0,
+                reused: 0,
             })),
         }
     }
@@ -103,13 +114,13 @@ impl KvMemory {
     }
 
     /// Takes the kept cache of `key`, if any.
-    pub fn take(&self, key: &str) -> Option<(Sequence, Vec<u32>)> {
+    pub fn take(&self, key: &CacheKey) -> Option<(Sequence, Vec<u32>)> {
         let mut s = lock(&self.state);
         s.cached.remove(key).map(|k| (k.seq, k.tokens))
     }
 
     /// Keeps a finished session's cache under `key` (if it fits).
-    pub fn keep(&self, key: String, seq: Sequence, tokens: Vec<u32>) {
+    pub fn keep(&self, key: CacheKey, seq: Sequence, tokens: Vec<u32>) {
         let bytes = seq.kv_bytes() as u64;
         let mut s = lock(&self.state);
         s.cached.remove(&key);
@@ -136,7 +147,15 @@ impl KvMemory {
             cached: cached_bytes(&s),
             cached_sessions: s.cached.len(),
             budget: s.budget,
+            evicted: s.evicted,
+            reused_tokens: s.reused,
         }
+    }
+
+    /// Counts `tokens` context tokens whose KV a session took from a kept
+    /// cache.
+    pub fn record_reuse(&self, tokens: usize) {
+        lock(&self.state).reused += tokens as u64;
     }
 }
 
@@ -155,6 +174,7 @@ fn evict_oldest(s: &mut State) -> bool {
     };
     tracing::info!(cache_key = %key, "evicting a kept KV cache");
     s.cached.remove(&key);
+    s.evicted += 1;
     true
 }
 

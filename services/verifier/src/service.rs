@@ -74,6 +74,8 @@ impl v1::verifier_server::Verifier for VerifierService {
             cost_curve: v.cost_curve_wire(),
             steps: counters.steps.load(Ordering::Relaxed),
             batches: counters.batches.load(Ordering::Relaxed),
+            evicted_caches: usage.evicted,
+            reused_tokens: usage.reused_tokens,
         }))
     }
 }

@@ -66,8 +66,7 @@ async fn drive_inner(
     run: &ValidRun,
     events: &Events,
 ) -> Result<Box<Session>, VerifierError> {
-    let (cached_seq, cached_tokens) = match run.cache_key.as_deref().and_then(|k| v.memory.take(k))
-    {
+    let (cached_seq, cached_tokens) = match run.cache_key.as_ref().and_then(|k| v.memory.take(k)) {
         Some((seq, tokens)) => (Some(seq), tokens),
         None => (None, Vec::new()),
     };
@@ -102,6 +101,7 @@ async fn drive_inner(
     let done = done?;
     session = done.session;
     let (reused, seconds) = done.result?;
+    v.memory.record_reuse(reused);
     let started = v1::SessionEvent {
         event: Some(v1::session_event::Event::Started(v1::Started {
             reused_tokens: reused as u32,

@@ -31,7 +31,7 @@ pub struct ValidRun {
     pub max_new_tokens: usize,
     pub params: SamplingParams,
     pub draft: Option<DraftPlan>,
-    pub cache_key: Option<String>,
+    pub cache_key: Option<specmesh_proto::CacheKey>,
 }
 
 /// The drafter a run drafts with.
