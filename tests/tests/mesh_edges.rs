@@ -233,6 +233,9 @@ async fn losing_the_verifier_mid_stream_loses_nothing() {
     let mut ids = Vec::new();
     let mut killed = false;
     while let Some(chunk) = stream.message().await.unwrap() {
+        // Every chunk says where it starts: no gap, no repeat, across the
+        // re-placement too.
+        assert_eq!(chunk.token_offset as usize, ids.len(), "{chunk:?}");
         ids.extend(chunk.token_ids);
         if !killed && ids.len() >= 20 {
             // Kill whichever verifier runs this session, hard.

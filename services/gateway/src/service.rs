@@ -290,7 +290,10 @@ impl Shared {
         tx: mpsc::Sender<Result<GenerateChunk, Status>>,
         request_span: Span,
     ) {
-        let mut sink = ChunkSink { tx: tx.clone() };
+        let mut sink = ChunkSink {
+            tx: tx.clone(),
+            sent: 0,
+        };
         let run = tokio::time::timeout_at(
             ctx.deadline.into(),
             self.decode.run(&valid, &ctx, &mut sink),
@@ -311,7 +314,7 @@ impl Shared {
                     summary.usage,
                     summary.speculation,
                 );
-                Ok(last_chunk(summary))
+                Ok(last_chunk(summary, sink.sent))
             }
             Err(e) => Err(fail(&e, &ctx)),
         };
@@ -362,27 +365,34 @@ impl Collector {
 #[derive(Debug)]
 struct ChunkSink {
     tx: mpsc::Sender<Result<GenerateChunk, Status>>,
+    /// Token ids sent so far: the next chunk's `token_offset`.
+    sent: u32,
 }
 
 impl DeltaSink for ChunkSink {
     async fn send(&mut self, delta: Delta) -> Result<(), ClientGone> {
+        let offset = self.sent;
+        self.sent = offset.saturating_add(delta.token_ids.len() as u32);
         let chunk = GenerateChunk {
             text: delta.text,
             token_ids: delta.token_ids,
+            token_offset: offset,
             ..Default::default()
         };
         self.tx.send(Ok(chunk)).await.map_err(|_| ClientGone)
     }
 }
 
-/// The last chunk: the final output with the finish reason and statistics.
-fn last_chunk(summary: Summary) -> GenerateChunk {
+/// The last chunk: the final output with the finish reason and statistics,
+/// after `offset` token ids sent in earlier chunks.
+fn last_chunk(summary: Summary, offset: u32) -> GenerateChunk {
     GenerateChunk {
         text: summary.last.text,
         token_ids: summary.last.token_ids,
         finish_reason: summary.finish_reason.into(),
         usage: Some(summary.usage),
         speculation: Some(summary.speculation),
+        token_offset: offset,
     }
 }
 

@@ -253,3 +253,101 @@ const FOREIGN_TOKENIZER: &str = r#"{
   "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
   "model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1, "<unk>": 2}, "unk_token": "<unk>"}
 }"#;
+
+/// Drafting ahead, driven step by step: the target's greedy path through
+/// each tree and its next token are committed, and since the draft model is
+/// the target itself, the guess drafted while "the verifier verifies" holds:
+/// the next tree comes from it (`drafted_ahead`), rooted at the committed
+/// token, holding the greedy continuation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guess_that_holds_is_sent_as_the_next_tree() {
+    let path = model_path();
+    let tokenizer = Tokenizer::from_gguf_path(&path).unwrap();
+    let prompt = tokenizer
+        .encode_for_model("One, two, three, four, five, six, seven, eight, nine,")
+        .unwrap();
+    let model = Model::load(&path, &LoadOptions::default()).unwrap();
+    let vocab = model.config().vocab_size as u32;
+
+    let mut cfg = config();
+    cfg.draft_model = Some(DraftModelConfig {
+        draft_ahead: true,
+        ..model_config(None)
+    });
+    let drafter = Drafter::start(cfg).await;
+    let mut client = drafter.client().await;
+    let start = v1::DraftStart {
+        session_id: "ahead".into(),
+        tokens: prompt.clone(),
+        prompt_len: prompt.len() as u32,
+        vocab_size: vocab,
+        max_draft_tokens: 8,
+        max_depth: 4,
+        sources: v1::DraftSources::DraftModel as i32,
+        // A slow target and a flat curve: drafting with the model always
+        // pays, so every step drafts and every tree has a guess after it.
+        target_step_seconds: 10.0,
+        cost_curve: vec![
+            v1::CostPoint {
+                tokens: 1,
+                relative_cost: 1.0,
+            },
+            v1::CostPoint {
+                tokens: 64,
+                relative_cost: 1.0,
+            },
+        ],
+        ..Default::default()
+    };
+    let mut stream = Stream::start(&mut client, start).await;
+    let mut context = prompt.clone();
+    let mut tree = stream.tree().await;
+    let mut ahead = 0;
+    for step in 0..5u64 {
+        assert!(!tree.nodes.is_empty(), "step {step} drafted nothing");
+        // The target's greedy path through the tree, then its own token.
+        let (mut node, mut path, mut committed) = (0u32, vec![0u32], Vec::new());
+        let bonus = loop {
+            let mut c = context.clone();
+            c.extend_from_slice(&committed);
+            let want = greedy_next(&model, &c);
+            match tree
+                .nodes
+                .iter()
+                .position(|n| n.parent == node && n.token == want)
+            {
+                Some(j) => {
+                    node = j as u32 + 1;
+                    path.push(node);
+                    committed.push(want);
+                }
+                None => break want,
+            }
+        };
+        committed.push(bonus);
+        context.extend_from_slice(&committed);
+        stream
+            .outcome(v1::StepOutcome {
+                step,
+                path,
+                committed,
+                batch_size: 1,
+                ..Default::default()
+            })
+            .await;
+        tree = stream.tree().await;
+        assert_eq!(
+            (tree.step, tree.root_token),
+            (step + 1, *context.last().unwrap())
+        );
+        if tree.drafted_ahead {
+            ahead += 1;
+            // A tree from a guess still drafts the target's next token.
+            let want = greedy_next(&model, &context);
+            assert!(root_child(&tree, want), "{want} under the root: {tree:?}");
+        }
+    }
+    assert!(ahead >= 3, "{ahead} of 5 trees came from a guess");
+    stream.close().await;
+    drafter.shutdown().await.unwrap();
+}

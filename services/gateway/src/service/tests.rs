@@ -158,6 +158,12 @@ async fn generate_stream_sends_chunks_and_a_final_summary() {
     );
     let tokens: Vec<u32> = chunks.iter().flat_map(|c| c.token_ids.clone()).collect();
     assert_eq!(tokens, ids("one two "));
+    // Each chunk starts where the earlier ones' token ids end.
+    let mut at = 0;
+    for c in &chunks {
+        assert_eq!(c.token_offset, at, "{c:?}");
+        at += c.token_ids.len() as u32;
+    }
     v.log.wait_cancelled().await;
     gw.stop().await.unwrap();
 }
