@@ -85,6 +85,13 @@ async fn kept_caches_are_reused_by_their_tenant_only_and_evicted_oldest_first() 
     let s = stats(&mut client).await;
     assert_eq!(s.reused_tokens, u64::from(reused));
     assert_eq!((s.cached_sessions, s.evicted_caches), (2, 0));
+    // a's and b's caches: each the second turn's context and its output.
+    let each = second.len() as u64;
+    assert!(
+        (2 * each..=2 * (each + 6)).contains(&s.kept_tokens),
+        "kept {} tokens for two contexts of {each} + 6",
+        s.kept_tokens
+    );
 
     // A third kept session evicts the least recently used (b's); b's next
     // turn re-prefills and answers the same.

@@ -102,14 +102,31 @@ impl Session {
     pub fn prefill(&mut self, model: &Model) -> Result<(usize, f64), EngineError> {
         let t0 = Instant::now();
         let reused = self.seq.len();
-        let target = self.tokens.len() - 1;
-        if reused < target {
-            let block =
-                Block::chain(self.tokens[reused..target].to_vec(), reused)?.last_logits_only();
-            model.forward(&mut self.seq, &block)?;
-            self.seq.commit(&(0..target - reused).collect::<Vec<_>>())?;
-        }
+        while !self.prefill_chunk(model, usize::MAX)? {}
         Ok((reused, t0.elapsed().as_secs_f64()))
+    }
+
+    /// Computes the KV of at most `max_tokens` more context tokens (a chunk
+    /// of the prefill, so a verifier can run other sessions' steps between
+    /// chunks); returns whether the prefill is complete. Each row of a
+    /// forward is computed on its own, so the KV is the same, bit for bit,
+    /// however the prefill is chunked.
+    pub fn prefill_chunk(&mut self, model: &Model, max_tokens: usize) -> Result<bool, EngineError> {
+        let done = self.seq.len();
+        let target = self.tokens.len() - 1;
+        let end = target.min(done.saturating_add(max_tokens.max(1)));
+        if done < end {
+            let block = Block::chain(self.tokens[done..end].to_vec(), done)?.last_logits_only();
+            model.forward(&mut self.seq, &block)?;
+            self.seq.commit(&(0..end - done).collect::<Vec<_>>())?;
+        }
+        Ok(end >= target)
+    }
+
+    /// Context tokens whose KV is computed (kept from a cache or
+    /// prefilled so far).
+    pub fn prefilled(&self) -> usize {
+        self.seq.len()
     }
 
     /// Prompt then output; the last token is the next tree's root.

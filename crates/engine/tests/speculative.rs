@@ -177,6 +177,47 @@ fn seeded_sampling_is_the_same_with_and_without_speculation() {
 }
 
 #[test]
+fn a_prefill_in_chunks_decodes_exactly_as_one_in_a_piece() {
+    let m = model();
+    let greedy = SamplingParams::greedy();
+    let prompt = chat(PROMPTS[1]);
+    let expected = plain(&prompt, &greedy, 24);
+    let vocab = m.config().vocab_size as u32;
+    for chunk in [1, 5, 16] {
+        let mut s = Session::new(
+            m,
+            prompt.clone(),
+            prompt.len(),
+            greedy.clone(),
+            limits(24),
+            None,
+        )
+        .unwrap();
+        let mut chunks = 0;
+        while !s.prefill_chunk(m, chunk).unwrap() {
+            chunks += 1;
+            assert_eq!(s.prefilled(), chunks * chunk, "chunk {chunk}");
+        }
+        assert_eq!(s.prefilled(), prompt.len() - 1);
+        assert!(
+            s.prefill_chunk(m, chunk).unwrap(),
+            "a done prefill stays done"
+        );
+        let mut out = Vec::new();
+        while s.finish().is_none() {
+            let tree = TokenTree::root_only(s.root(), TreeLimits::new(1, 0, vocab)).unwrap();
+            out.extend(
+                step_batch(m, &mut [(&mut s, &tree)], 0)
+                    .unwrap()
+                    .remove(0)
+                    .committed,
+            );
+        }
+        assert_eq!(out, expected, "prefill in chunks of {chunk}");
+    }
+}
+
+#[test]
 fn a_batch_commits_what_each_session_commits_alone() {
     let m = model();
     let greedy = SamplingParams::greedy();

@@ -51,7 +51,14 @@ pub struct RunDraft {
     pub tenant: String,
     /// What the drafter drafts with.
     pub sources: Sources,
+    /// Drafters to re-attach to when `endpoint` is lost, in order; URIs,
+    /// at most [`MAX_FALLBACK_DRAFTERS`].
+    pub fallbacks: Vec<String>,
 }
+
+/// Most `DraftPlan.fallback_endpoints` a run may name: more drafters than a
+/// gateway would ever list, few enough that cycling through them is cheap.
+pub const MAX_FALLBACK_DRAFTERS: usize = 64;
 
 impl TryFrom<v1::RunRequest> for RunSpec {
     type Error = FieldError;
@@ -84,9 +91,27 @@ impl TryFrom<v1::RunRequest> for RunSpec {
                 }
                 check_id("draft.tenant", &d.tenant)?;
                 let sources = crate::sources_from_wire("draft.sources", d.sources)?;
+                if d.fallback_endpoints.len() > MAX_FALLBACK_DRAFTERS {
+                    return Err(FieldError::new(
+                        "draft.fallback_endpoints",
+                        format!(
+                            "has {} endpoints, over the limit of {MAX_FALLBACK_DRAFTERS}",
+                            d.fallback_endpoints.len()
+                        ),
+                    ));
+                }
+                for (i, e) in d.fallback_endpoints.iter().enumerate() {
+                    if e.parse::<tonic::transport::Uri>().is_err() {
+                        return Err(FieldError::new(
+                            format!("draft.fallback_endpoints[{i}]"),
+                            format!("is not a URI: `{e}`"),
+                        ));
+                    }
+                }
                 Some(RunDraft {
                     sources,
                     endpoint: d.endpoint,
+                    fallbacks: d.fallback_endpoints,
                     max_draft_tokens: (d.max_draft_tokens > 0)
                         .then_some(d.max_draft_tokens as usize),
                     tenant: d.tenant,
@@ -132,6 +157,7 @@ mod tests {
             max_draft_tokens: 0,
             tenant: "t".into(),
             sources: v1::DraftSources::Combined as i32,
+            fallback_endpoints: vec!["http://127.0.0.1:10".into()],
         });
         let s = RunSpec::try_from(r).unwrap();
         assert_eq!((s.prompt_len, s.max_new_tokens), (2, 4));
@@ -152,6 +178,7 @@ mod tests {
         let draft = s.draft.unwrap();
         assert_eq!(draft.max_draft_tokens, None);
         assert_eq!(draft.sources, Sources::Combined);
+        assert_eq!(draft.fallbacks, ["http://127.0.0.1:10"]);
     }
 
     #[test]
@@ -198,6 +225,22 @@ mod tests {
                 ..Default::default()
             }))
             .starts_with("`draft.endpoint` is not a URI")
+        );
+        assert_eq!(
+            bad(|r| r.draft = Some(v1::DraftPlan {
+                endpoint: "http://127.0.0.1:9".into(),
+                fallback_endpoints: vec!["http://127.0.0.1:10".into(), "a b".into()],
+                ..Default::default()
+            })),
+            "`draft.fallback_endpoints[1]` is not a URI: `a b`"
+        );
+        assert!(
+            bad(|r| r.draft = Some(v1::DraftPlan {
+                endpoint: "http://127.0.0.1:9".into(),
+                fallback_endpoints: vec!["http://127.0.0.1:10".into(); 65],
+                ..Default::default()
+            }))
+            .starts_with("`draft.fallback_endpoints` has 65 endpoints, over the limit of 64")
         );
         assert!(
             bad(|r| r.draft = Some(v1::DraftPlan {

@@ -16,6 +16,11 @@ pub const MAX_MODEL_NAME_BYTES: usize = 4096;
 /// named "anonymous" shares its index; the gateway never issues that name.
 pub const ANONYMOUS_TENANT: &str = "anonymous";
 
+/// Largest `DraftStart.first_step`: a session takes at most one step per
+/// token of its context, so a step past this is a bug, and the bound keeps
+/// step arithmetic (spans, their last step) far from overflow.
+pub const MAX_FIRST_STEP: u64 = u32::MAX as u64;
+
 /// A validated `DraftStart`.
 #[derive(Debug, Clone)]
 pub struct StartSpec {
@@ -46,6 +51,9 @@ pub struct StartSpec {
     pub target: TargetModel,
     /// The verifier's batch as the session starts, at least 1.
     pub batch_size: usize,
+    /// The step of the first tree: 0 at a session's start, later when the
+    /// verifier re-attaches a running session (see `DraftStart.first_step`).
+    pub first_step: u64,
 }
 
 /// The verifier's target model, as a drafter checks its draft model
@@ -139,6 +147,7 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             target_vocab_fingerprint,
             target_step_seconds,
             batch_size,
+            first_step,
         } = start;
         check_id("start.session_id", &session_id)?;
         check_id("start.tenant", &tenant)?;
@@ -163,6 +172,12 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             vocab_fingerprint: (target_vocab_fingerprint != 0).then_some(target_vocab_fingerprint),
             step_seconds: (target_step_seconds > 0.0).then_some(target_step_seconds),
         };
+        if first_step > MAX_FIRST_STEP {
+            return Err(FieldError::new(
+                "start.first_step",
+                format!("is {first_step}, over the limit of {MAX_FIRST_STEP}"),
+            ));
+        }
         if vocab_size == 0 {
             return Err(FieldError::new("start.vocab_size", "must be >= 1, got 0"));
         }
@@ -211,6 +226,7 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             sources,
             target,
             batch_size: (batch_size as usize).max(1),
+            first_step,
         })
     }
 }

@@ -268,7 +268,7 @@ impl DraftSession {
             last_draft: (0.0, 0, 0),
             context: spec.tokens,
             awaited: None,
-            next_step: 0,
+            next_step: spec.first_step,
             pipeline,
             ahead: None,
             deferred: None,

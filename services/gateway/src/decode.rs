@@ -352,6 +352,7 @@ fn run_request(
             max_draft_tokens: request.speculation.max_draft_tokens,
             tenant: request.tenant.clone(),
             sources: request.speculation.sources() as i32,
+            fallback_endpoints: placement.fallback_drafters.clone(),
         }),
         // Multi-turn sessions keep their KV on the verifier for the next
         // turn, found only by the same tenant.

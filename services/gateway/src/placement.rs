@@ -73,6 +73,10 @@ pub struct Placement {
     pub verifier: VerifierLease,
     /// The drafter's endpoint; `None` runs plain decoding.
     pub drafter: Option<String>,
+    /// The drafters the verifier re-attaches the session to if it loses
+    /// `drafter`, in the tenant's order: those up first, then those down
+    /// (they may be back by then).
+    pub fallback_drafters: Vec<String>,
     /// 1 for the first placement, one more for each re-placement.
     pub epoch: u64,
 }
@@ -157,26 +161,54 @@ impl Placer {
             endpoint: slot.member.endpoint.clone(),
             in_flight: slot.in_flight.clone(),
         };
-        let drafter = if key.speculate {
-            self.drafter(key.tenant).map(str::to_owned)
+        // No drafter up: plain decoding, nothing to re-attach to either.
+        let order = if key.speculate {
+            self.drafter_order(key.tenant)
         } else {
-            None
+            Vec::new()
+        };
+        let (drafter, fallback_drafters) = match order.split_first() {
+            Some((first, rest)) if first.is_healthy() => (
+                Some(first.endpoint.clone()),
+                rest.iter().map(|d| d.endpoint.clone()).collect(),
+            ),
+            _ => (None, Vec::new()),
         };
         Some(Placement {
             verifier,
             drafter,
+            fallback_drafters,
             epoch,
         })
     }
 
     /// The tenant's drafter, `None` when none is configured or up.
+    #[cfg(test)]
     pub fn drafter(&self, tenant: &str) -> Option<&str> {
-        let down: Vec<usize> = (0..self.drafters.len())
-            .filter(|&i| !self.drafters[i].is_healthy())
+        let first = self.drafter_order(tenant).into_iter().next()?;
+        first.is_healthy().then_some(first.endpoint.as_str())
+    }
+
+    /// Every drafter in the tenant's order: those up by rendezvous score
+    /// (the first is the tenant's drafter), then those down by theirs.
+    fn drafter_order(&self, tenant: &str) -> Vec<&Member> {
+        let mut order: Vec<(bool, std::cmp::Reverse<u64>, usize)> = self
+            .drafters
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                (
+                    !d.is_healthy(),
+                    std::cmp::Reverse(score(tenant, &d.endpoint)),
+                    i,
+                )
+            })
             .collect();
-        let nodes = self.drafters.iter().map(|d| d.endpoint.as_str());
-        let best = rendezvous(tenant, nodes, &down)?;
-        self.drafters.get(best).map(|d| d.endpoint.as_str())
+        order.sort_unstable();
+        order
+            .into_iter()
+            .map(|(_, _, i)| &self.drafters[i])
+            .collect()
     }
 
     fn rendezvous_verifier(&self, session_id: &str, exclude: &[usize]) -> Option<usize> {
@@ -437,11 +469,27 @@ mod tests {
         member.healthy.store(false, Ordering::Relaxed);
         let second = placer.drafter("acme").unwrap().to_owned();
         assert_ne!(second, first);
+        // The verifier re-attaches to the others if it loses its drafter:
+        // those up first, the down one last.
+        let acme = PlacementKey {
+            session_id: None,
+            tenant: "acme",
+            speculate: true,
+        };
+        let p = placer.place(acme, &[], 1).unwrap();
+        assert_eq!(p.drafter.as_deref(), Some(second.as_str()));
+        assert_eq!(p.fallback_drafters.len(), 2);
+        assert_eq!(p.fallback_drafters[1], first);
+        assert!(!p.fallback_drafters.contains(&second));
         member.healthy.store(true, Ordering::Relaxed);
+        let p = placer.place(acme, &[], 1).unwrap();
+        assert_eq!(p.drafter.as_deref(), Some(first.as_str()));
+        assert_eq!(p.fallback_drafters[0], second, "the tenant's order");
         assert_eq!(placer.drafter("acme").unwrap(), first);
         placer
             .drafters()
             .for_each(|d| d.healthy.store(false, Ordering::Relaxed));
-        assert_eq!(placer.place(ANON, &[], 1).unwrap().drafter, None);
+        let p = placer.place(acme, &[], 1).unwrap();
+        assert_eq!((p.drafter, p.fallback_drafters.len()), (None, 0));
     }
 }

@@ -1,11 +1,14 @@
 //! The batching thread: the one place the target model runs. Sessions hand it
 //! prefill and step jobs over a channel; it gathers the step jobs of
 //! concurrent sessions into one batched forward (continuous batching) and
-//! hands each session back with its result.
+//! hands each session back with its result. A prefill runs a chunk at a
+//! time between rounds of steps (`--prefill-chunk-tokens`), so a long
+//! prompt arriving does not stall the sessions already decoding.
 //!
 //! Sessions travel by value (`Box<Session>`), so no lock guards a KV cache:
 //! whoever holds the box owns the cache.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -23,6 +26,9 @@ pub struct BatcherConfig {
     pub max_batch: usize,
     /// How long a batch waits for the trees of other decoding sessions.
     pub window: Duration,
+    /// Context tokens a prefill computes between two rounds of steps (0:
+    /// a whole prompt at once).
+    pub prefill_chunk: usize,
 }
 
 /// Counters shared with the service (stats, batching decisions).
@@ -126,66 +132,112 @@ struct StepJob {
     reply: oneshot::Sender<StepDone>,
 }
 
+/// A prefill in progress: computed a chunk at a time, between batches.
+struct PrefillJob {
+    session: Box<Session>,
+    span: tracing::Span,
+    reply: oneshot::Sender<PrefillDone>,
+    /// Tokens kept from a cache: the KV it started with.
+    reused: usize,
+    started: Instant,
+}
+
 fn run(model: &Model, config: BatcherConfig, rx: &mpsc::Receiver<Job>, counters: &Counters) {
     let mut steps: Vec<StepJob> = Vec::new();
-    while let Ok(first) = rx.recv() {
-        let mut prefills = Vec::new();
-        let mut take = |job: Job, steps: &mut Vec<StepJob>| match job {
-            Job::Prefill {
-                session,
-                span,
-                reply,
-            } => prefills.push((session, span, reply)),
-            Job::Step {
-                session,
-                tree,
-                top_k,
-                span,
-                reply,
-            } => steps.push(StepJob {
-                session,
-                tree,
-                top_k,
-                span,
-                reply,
-            }),
-        };
-        take(first, &mut steps);
-        // Everything already queued, then (for steps) up to the window for
-        // the other decoding sessions, whose trees are usually a drafter
-        // round trip away.
+    let mut prefills: VecDeque<PrefillJob> = VecDeque::new();
+    let take = |job: Job, steps: &mut Vec<StepJob>, prefills: &mut VecDeque<PrefillJob>| match job {
+        Job::Prefill {
+            session,
+            span,
+            reply,
+        } => prefills.push_back(PrefillJob {
+            reused: session.prefilled(),
+            session,
+            span,
+            reply,
+            started: Instant::now(),
+        }),
+        Job::Step {
+            session,
+            tree,
+            top_k,
+            span,
+            reply,
+        } => steps.push(StepJob {
+            session,
+            tree,
+            top_k,
+            span,
+            reply,
+        }),
+    };
+    loop {
+        // Block only when there is nothing to do.
+        if steps.is_empty() && prefills.is_empty() {
+            match rx.recv() {
+                Ok(job) => take(job, &mut steps, &mut prefills),
+                Err(_) => return,
+            }
+        }
         while let Ok(job) = rx.try_recv() {
-            take(job, &mut steps);
+            take(job, &mut steps, &mut prefills);
         }
-        let deadline = Instant::now() + config.window;
-        loop {
-            let want = counters
-                .decoding
-                .load(Ordering::Relaxed)
-                .min(config.max_batch);
-            if steps.is_empty() || steps.len() >= want {
-                break;
+        // Steps wait up to the window for the other decoding sessions,
+        // whose trees are usually a drafter round trip away; not while a
+        // prefill is waiting: its next chunk runs in that time instead.
+        if prefills.is_empty() {
+            let deadline = Instant::now() + config.window;
+            loop {
+                let want = counters
+                    .decoding
+                    .load(Ordering::Relaxed)
+                    .min(config.max_batch);
+                if steps.is_empty() || steps.len() >= want {
+                    break;
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                match rx.recv_timeout(deadline - now) {
+                    Ok(job) => take(job, &mut steps, &mut prefills),
+                    Err(_) => break,
+                }
             }
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            match rx.recv_timeout(deadline - now) {
-                Ok(job) => take(job, &mut steps),
-                Err(_) => break,
-            }
-        }
-        for (mut session, span, reply) in prefills {
-            let _e = span.enter();
-            let result = session
-                .prefill(model)
-                .map_err(|e| VerifierError::Model(e.to_string()));
-            let _ = reply.send(PrefillDone { session, result });
         }
         while !steps.is_empty() {
             let n = steps.len().min(config.max_batch);
             let batch: Vec<StepJob> = steps.drain(..n).collect();
             run_batch(model, batch, counters);
+        }
+        // Then one chunk of the oldest prefill, so running sessions wait
+        // at most a chunk for their next step, however long a new prompt.
+        if let Some(job) = prefills.front_mut() {
+            let chunk = if config.prefill_chunk == 0 {
+                usize::MAX
+            } else {
+                config.prefill_chunk
+            };
+            let done = if job.reply.is_closed() {
+                // The session is gone (its caller left): stop computing it.
+                None
+            } else {
+                let _e = job.span.enter();
+                let _c =
+                    tracing::info_span!("prefill_chunk", from = job.session.prefilled()).entered();
+                match job.session.prefill_chunk(model, chunk) {
+                    Ok(false) => continue,
+                    Ok(true) => Some(Ok((job.reused, job.started.elapsed().as_secs_f64()))),
+                    Err(e) => Some(Err(VerifierError::Model(e.to_string()))),
+                }
+            };
+            let job = prefills.pop_front().expect("the front job");
+            if let Some(result) = done {
+                let _ = job.reply.send(PrefillDone {
+                    session: job.session,
+                    result,
+                });
+            }
         }
     }
 }

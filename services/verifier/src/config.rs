@@ -42,6 +42,11 @@ pub struct Args {
     /// How long a batch waits for the trees of other running sessions (µs).
     #[arg(long, default_value_t = 1000)]
     pub batch_window_us: u64,
+    /// Context tokens a prefill computes between two rounds of the other
+    /// sessions' steps: they wait at most one chunk for their next token,
+    /// however long a new prompt (0: each prompt in one piece).
+    #[arg(long, default_value_t = 32)]
+    pub prefill_chunk_tokens: usize,
     /// Drafted nodes per tree, at most (the root not counted).
     #[arg(long, default_value_t = 64)]
     pub max_draft_tokens: usize,
@@ -77,6 +82,7 @@ pub struct Config {
     pub kv_budget_bytes: u64,
     pub max_batch: usize,
     pub batch_window: Duration,
+    pub prefill_chunk_tokens: usize,
     pub max_draft_tokens: usize,
     pub max_tree_depth: usize,
     pub draft_timeout: Duration,
@@ -124,6 +130,7 @@ impl TryFrom<Args> for Config {
             kv_budget_bytes: a.kv_budget_mib << 20,
             max_batch: a.max_batch,
             batch_window: Duration::from_micros(a.batch_window_us),
+            prefill_chunk_tokens: a.prefill_chunk_tokens,
             max_draft_tokens: a.max_draft_tokens,
             max_tree_depth: a.max_tree_depth,
             draft_timeout: Duration::from_millis(a.draft_timeout_ms),

@@ -60,13 +60,22 @@ impl DraftLink {
         start: v1::DraftStart,
         connect_timeout: Duration,
     ) -> Result<DraftLink, LinkLost> {
+        let mut link = DraftLink::connect(channels, endpoint, connect_timeout).await?;
+        link.start(start).await?;
+        Ok(link)
+    }
+
+    /// Opens the stream without sending anything: the drafter waits for
+    /// the start, which [`DraftLink::start`] sends. A re-attach connects
+    /// in the background and sends the start at a step boundary, with the
+    /// context committed by then.
+    pub async fn connect(
+        channels: &DrafterChannels,
+        endpoint: &str,
+        connect_timeout: Duration,
+    ) -> Result<DraftLink, LinkLost> {
         let channel = channels.get(endpoint, connect_timeout).map_err(LinkLost)?;
         let (tx, rx) = mpsc::channel(4);
-        tx.send(v1::DraftRequest {
-            kind: Some(v1::draft_request::Kind::Start(start)),
-        })
-        .await
-        .map_err(|_| LinkLost("closed before start".into()))?;
         let mut request = tonic::Request::new(ReceiverStream::new(rx));
         specmesh_server::telemetry::inject(&mut request);
         let mut client = DrafterClient::new(channel).max_decoding_message_size(MAX_TREE_BYTES);
@@ -78,12 +87,22 @@ impl DraftLink {
                     "no answer from {endpoint} within {connect_timeout:?}"
                 ))
             })?
-            .map_err(|s| LinkLost(format!("{}: {}", s.code(), s.message())))?;
+            .map_err(|s| LinkLost(format!("{endpoint}: {}: {}", s.code(), s.message())))?;
         Ok(DraftLink {
             tx,
             rx: response.into_inner(),
             early: None,
         })
+    }
+
+    /// Sends the session's start: the first message of the stream.
+    pub async fn start(&mut self, start: v1::DraftStart) -> Result<(), LinkLost> {
+        self.tx
+            .send(v1::DraftRequest {
+                kind: Some(v1::draft_request::Kind::Start(start)),
+            })
+            .await
+            .map_err(|_| LinkLost("closed before start".into()))
     }
 
     /// The tree for (`epoch`, `step`), waiting at most `wait`: one for that

@@ -17,6 +17,7 @@ pub mod config;
 mod draft_link;
 mod error;
 mod memory;
+mod reattach;
 mod report;
 mod service;
 mod session;
@@ -93,6 +94,7 @@ pub async fn run(
         BatcherConfig {
             max_batch: config.max_batch,
             window: config.batch_window,
+            prefill_chunk: config.prefill_chunk_tokens,
         },
     );
     let max_context = model.config().max_context;

@@ -71,6 +71,8 @@ pub struct Usage {
     pub budget: u64,
     pub evicted: u64,
     pub reused_tokens: u64,
+    /// Context tokens in kept caches.
+    pub kept_tokens: u64,
 }
 
 fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -149,6 +151,7 @@ impl KvMemory {
             budget: s.budget,
             evicted: s.evicted,
             reused_tokens: s.reused,
+            kept_tokens: s.cached.values().map(|k| k.tokens.len() as u64).sum(),
         }
     }
 

@@ -76,6 +76,7 @@ impl v1::verifier_server::Verifier for VerifierService {
             batches: counters.batches.load(Ordering::Relaxed),
             evicted_caches: usage.evicted,
             reused_tokens: usage.reused_tokens,
+            kept_tokens: usage.kept_tokens,
         }))
     }
 }

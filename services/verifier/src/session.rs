@@ -14,9 +14,10 @@ use tracing::Instrument;
 use crate::draft_link::DraftLink;
 use crate::error::VerifierError;
 use crate::memory::Reservation;
+use crate::reattach::Reattach;
 use crate::state::{Gauge, State};
 use crate::step::{Steps, TreeBounds};
-use crate::validate::ValidRun;
+use crate::validate::{DraftPlan, ValidRun};
 
 pub type Events = mpsc::Sender<Result<v1::SessionEvent, Status>>;
 
@@ -97,7 +98,7 @@ async fn drive_inner(
         .batcher
         .prefill(session)
         .instrument(tracing::info_span!("prefill", tokens = run.tokens.len()));
-    let (done, mut link) = tokio::join!(prefill, open_link(v, run, bounds.max_draft));
+    let (done, mut link) = tokio::join!(prefill, open_link(v, run));
     let done = done?;
     session = done.session;
     let (reused, seconds) = done.result?;
@@ -113,7 +114,15 @@ async fn drive_inner(
 
     let _decoding = Gauge::up(&v.decoding);
     let mut steps = Steps::new(run.epoch, bounds, link.is_some());
+    // Without a drafter (never reached, or lost) the session decodes plain
+    // and re-attaches to one at a step boundary.
+    let mut reattach = run.draft.as_ref().map(Reattach::new);
     loop {
+        if link.is_none()
+            && let Some(r) = reattach.as_mut()
+        {
+            link = reattached(v, run, r, &session, &mut steps).await;
+        }
         let asked = std::time::Instant::now();
         let answer = match link.as_mut().filter(|_| steps.wants_tree()) {
             Some(l) => Some(tokio::select! {
@@ -169,28 +178,40 @@ async fn drive_inner(
     }
 }
 
+/// A drafter re-attached at this step boundary, if a link opened since
+/// the last one and took the session's start (see [`crate::reattach`]).
+async fn reattached(
+    v: &State,
+    run: &ValidRun,
+    reattach: &mut Reattach,
+    session: &Session,
+    steps: &mut Steps,
+) -> Option<DraftLink> {
+    let (endpoint, mut link) = reattach
+        .poll(&v.channels, v.config.drafter_connect_timeout)
+        .await?;
+    let plan = run.draft.as_ref()?;
+    let start = draft_start(v, run, plan, session.tokens(), steps.step());
+    if let Err(e) = link.start(start).await {
+        tracing::debug!(error = %e, endpoint, "re-attaching: the stream closed");
+        reattach.failed();
+        return None;
+    }
+    tracing::info!(
+        endpoint,
+        step = steps.step(),
+        "drafter re-attached: speculating again"
+    );
+    reattach.attached();
+    steps.reattached();
+    Some(link)
+}
+
 /// Opens the run's draft stream, if it drafts; a drafter that cannot be
-/// reached only turns speculation off.
-async fn open_link(v: &State, run: &ValidRun, max_draft: usize) -> Option<DraftLink> {
-    let plan = run.draft.as_ref().filter(|_| max_draft > 0)?;
-    let start = v1::DraftStart {
-        session_id: run.session_id.clone(),
-        epoch: run.epoch,
-        tenant: plan.tenant.clone(),
-        tokens: run.tokens.clone(),
-        prompt_len: run.prompt_len as u32,
-        vocab_size: v.vocab,
-        max_draft_tokens: max_draft as u32,
-        max_depth: v.config.max_tree_depth as u32,
-        cost_curve: v.cost_curve_wire(),
-        sampling: Some(v1::SamplingParams::from(&run.params)),
-        sources: v1::DraftSources::from(plan.sources) as i32,
-        target_model: v.target.name.clone(),
-        target_vocab_fingerprint: v.target.vocab_fingerprint,
-        target_step_seconds: v.target.step_seconds,
-        // This session is not decoding yet: count it in.
-        batch_size: (v.decoding.load(std::sync::atomic::Ordering::Relaxed) + 1) as u32,
-    };
+/// reached only turns speculation off (until a re-attach).
+async fn open_link(v: &State, run: &ValidRun) -> Option<DraftLink> {
+    let plan = run.draft.as_ref()?;
+    let start = draft_start(v, run, plan, &run.tokens, 0);
     match DraftLink::open(
         &v.channels,
         &plan.endpoint,
@@ -204,6 +225,37 @@ async fn open_link(v: &State, run: &ValidRun, max_draft: usize) -> Option<DraftL
             tracing::warn!(error = %e, "no drafter: decoding without speculation");
             None
         }
+    }
+}
+
+/// The start of a draft stream over `tokens` (prompt, then what is
+/// committed), its first tree for `first_step`.
+fn draft_start(
+    v: &State,
+    run: &ValidRun,
+    plan: &DraftPlan,
+    tokens: &[u32],
+    first_step: u64,
+) -> v1::DraftStart {
+    v1::DraftStart {
+        session_id: run.session_id.clone(),
+        epoch: run.epoch,
+        tenant: plan.tenant.clone(),
+        tokens: tokens.to_vec(),
+        prompt_len: run.prompt_len as u32,
+        vocab_size: v.vocab,
+        max_draft_tokens: plan.max_draft_tokens as u32,
+        max_depth: v.config.max_tree_depth as u32,
+        cost_curve: v.cost_curve_wire(),
+        sampling: Some(v1::SamplingParams::from(&run.params)),
+        sources: v1::DraftSources::from(plan.sources) as i32,
+        target_model: v.target.name.clone(),
+        target_vocab_fingerprint: v.target.vocab_fingerprint,
+        target_step_seconds: v.target.step_seconds,
+        // At its first step the session is not decoding yet: count it in.
+        batch_size: (v.decoding.load(std::sync::atomic::Ordering::Relaxed)
+            + usize::from(first_step == 0)) as u32,
+        first_step,
     }
 }
 

@@ -78,6 +78,9 @@ pub struct Steps {
     wait_us: u32,
     /// This step verifies a tree the drafter drafted ahead.
     drafted_ahead: bool,
+    /// The drafter was re-attached after the session lost its first: its
+    /// refusal drops it rather than failing a running session.
+    reattached: bool,
 }
 
 impl Steps {
@@ -91,6 +94,7 @@ impl Steps {
             report: None,
             wait_us: 0,
             drafted_ahead: false,
+            reattached: false,
         }
     }
 
@@ -127,6 +131,14 @@ impl Steps {
         self.report = None;
     }
 
+    /// A drafter took the session again (see [`crate::reattach`]): it
+    /// drafts from this step on.
+    pub fn reattached(&mut self) {
+        self.drafting = self.bounds.max_draft > 0;
+        self.report = None;
+        self.reattached = true;
+    }
+
     /// The tree this step verifies. `answer` is the drafter's when
     /// [`Steps::wants_tree`] (else ignored); `root` the session's last
     /// token and `room` the drafted nodes its context still has room for.
@@ -144,6 +156,10 @@ impl Steps {
                 Answer::Late => (root_only(root, self.bounds.vocab)?, self.step),
                 Answer::Lost(why) => {
                     dropped = Some(format!("draft stream lost: {why}"));
+                    (root_only(root, self.bounds.vocab)?, self.step)
+                }
+                Answer::Refused(why) if self.reattached => {
+                    dropped = Some(format!("the re-attached drafter refused: {why}"));
                     (root_only(root, self.bounds.vocab)?, self.step)
                 }
                 Answer::Refused(why) => return Err(VerifierError::DrafterRefused(why)),

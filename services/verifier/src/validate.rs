@@ -42,6 +42,8 @@ pub struct DraftPlan {
     pub max_draft_tokens: usize,
     pub tenant: String,
     pub sources: specmesh_draft::Sources,
+    /// Where to re-attach the session when the drafter is lost, in order.
+    pub fallbacks: Vec<String>,
 }
 
 impl ValidRun {
@@ -73,6 +75,7 @@ impl ValidRun {
                 max_draft_tokens: max,
                 tenant: d.tenant,
                 sources: d.sources,
+                fallbacks: d.fallbacks,
             })
         });
         Ok(ValidRun {
@@ -108,6 +111,7 @@ mod tests {
                 max_draft_tokens: 64,
                 tenant: String::new(),
                 sources: 0,
+                fallback_endpoints: Vec::new(),
             }),
             ..Default::default()
         }

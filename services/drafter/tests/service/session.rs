@@ -85,6 +85,43 @@ async fn a_repetitive_session_gets_its_continuation_drafted_within_the_bounds() 
     drafter.shutdown().await.unwrap();
 }
 
+/// A verifier that lost a session's drafter re-attaches it to another at a
+/// later step: the start carries the output committed so far and the step
+/// to go on from; trees and outcomes count from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_reattached_at_a_later_step_drafts_from_its_committed_context() {
+    let drafter = Drafter::start(config()).await;
+    let mut client = drafter.client().await;
+    // Prompt of 30 tokens, then 12 committed on the lost drafter's watch.
+    let len = 42;
+    let mut start = draft_start("", text(0..len), 6, 4);
+    start.prompt_len = 30;
+    start.first_step = 9;
+    let mut stream = Stream::start(&mut client, start).await;
+    let tree = stream.tree().await;
+    assert_eq!((tree.epoch, tree.step), (3, 9));
+    assert_eq!(tree.root_token, phrase(len - 1));
+    assert!(root_child(&tree, phrase(len)), "{tree:?}");
+    let (path, committed) = verify_greedy(&tree, &text(len..len + 64));
+    stream
+        .outcome(v1::StepOutcome {
+            step: 9,
+            path,
+            committed,
+            batch_size: 1,
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(stream.tree().await.step, 10);
+    stream.close().await;
+
+    let mut far = draft_start("", text(0..len), 6, 4);
+    far.first_step = u64::MAX - 3;
+    let mut stream = Stream::start(&mut client, far).await;
+    let status = stream.error().await;
+    crate::common::assert_invalid(&status, "start.first_step");
+}
+
 /// Drives a stream as a verifier would for `steps` steps, taking the
 /// phrase as the target's output: a tree with no nodes and a span stands
 /// for its steps, reported in one outcome. Returns the trees, each checked

@@ -218,3 +218,38 @@ fn the_wait_for_a_tree_and_a_tree_drafted_ahead_are_reported() {
     assert!(!v.committed.drafted_ahead);
     assert_eq!(v.outcome.expect("due").tree_wait_us, 0);
 }
+
+#[test]
+fn a_reattached_drafter_drafts_from_the_step_it_took_and_its_refusal_only_drops_it() {
+    let mut s = Steps::new(0, BOUNDS, true);
+    let p = s.plan(Some(Answer::Lost("reset".into())), 7, 100).unwrap();
+    assert!(p.dropped.is_some() && !s.wants_tree());
+    s.verified(&step(vec![0], vec![], 8, 0), 0, 1);
+    // Two plain steps, then another drafter takes the session at step 3.
+    s.plan(None, 8, 100).unwrap();
+    s.verified(&step(vec![0], vec![], 9, 0), 0, 1);
+    s.plan(None, 9, 100).unwrap();
+    s.verified(&step(vec![0], vec![], 10, 0), 0, 1);
+    s.reattached();
+    assert!(s.wants_tree());
+    let p = s
+        .plan(Some(Answer::Tree(wire_tree(10, 3))), 10, 100)
+        .unwrap();
+    assert_eq!((p.tree.draft_len(), p.top_k), (3, 2));
+    let v = s.verified(&step(vec![0, 1], vec![11], 40, 3), 3, 1);
+    assert_eq!(v.committed.step, 3);
+    assert_eq!(v.outcome.expect("due").step, 3);
+    // A refusal from a re-attached drafter drops it; the session goes on.
+    let p = s
+        .plan(Some(Answer::Refused("no draft model".into())), 40, 100)
+        .unwrap();
+    assert!(p.dropped.unwrap().contains("no draft model"));
+    assert!(!s.wants_tree());
+    // Without the re-attach, a refusal fails the run (the caller's to fix).
+    let mut fresh = Steps::new(0, BOUNDS, true);
+    assert!(
+        fresh
+            .plan(Some(Answer::Refused("no".into())), 7, 100)
+            .is_err()
+    );
+}
