@@ -201,6 +201,9 @@ pub fn error_line(out: &Output) -> String {
     lines[0].to_owned()
 }
 
+pub mod chaos;
+pub mod cluster;
+pub mod load;
 pub mod mesh;
 pub mod service;
 pub mod stats;

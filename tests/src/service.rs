@@ -62,6 +62,13 @@ impl Service {
     }
 }
 
+impl Service {
+    /// The process id, for logs and for `kill -9` from outside.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Service {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -25,6 +25,9 @@ pub struct RunSpec {
     /// Keep the session's KV under this key at its end (and take it at its
     /// start); `None`: no reuse.
     pub cache_key: Option<CacheKey>,
+    /// Keep the session's KV under `cache_key` at its end: false without
+    /// a key and on a conversation's last turn (`release_cache`).
+    pub keep_cache: bool,
 }
 
 /// Where a kept KV cache is found: the caller's key, within its tenant.
@@ -127,6 +130,7 @@ impl TryFrom<v1::RunRequest> for RunSpec {
             max_new_tokens: r.max_new_tokens as usize,
             sampling,
             draft,
+            keep_cache: !r.cache_key.is_empty() && !r.release_cache,
             cache_key: (!r.cache_key.is_empty()).then_some(CacheKey {
                 tenant: r.tenant,
                 key: r.cache_key,
@@ -175,6 +179,14 @@ mod tests {
                 key: "chat".into()
             })
         );
+        assert!(keyed.keep_cache && !s.keep_cache);
+        let last = RunSpec::try_from(v1::RunRequest {
+            cache_key: "chat".into(),
+            release_cache: true,
+            ..request()
+        })
+        .unwrap();
+        assert!(last.cache_key.is_some() && !last.keep_cache);
         let draft = s.draft.unwrap();
         assert_eq!(draft.max_draft_tokens, None);
         assert_eq!(draft.sources, Sources::Combined);

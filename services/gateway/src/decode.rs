@@ -133,7 +133,10 @@ impl DecodeLoop {
             first_token_at: None,
             tail: Delta::default(),
         };
-        let mut failed: Vec<usize> = Vec::new();
+        // Verifiers this request failed on, each with its recovery count
+        // then: one the health watch has since seen come back up (a
+        // restarted pod) may take the request again.
+        let mut failed: Vec<(usize, u64)> = Vec::new();
         let mut epoch = 1u64;
         // Verifiers lost so far (bounded by `max_replacements`), and what
         // the last one out of capacity said.
@@ -141,7 +144,12 @@ impl DecodeLoop {
         let mut full: Option<String> = None;
         loop {
             let attempts = u32::try_from(failed.len()).unwrap_or(u32::MAX);
-            let Some(placement) = self.place(request, &failed, epoch) else {
+            let exclude: Vec<usize> = failed
+                .iter()
+                .filter(|&&(i, seen)| self.placer.recoveries(i) == seen)
+                .map(|&(i, _)| i)
+                .collect();
+            let Some(placement) = self.place(request, &exclude, epoch) else {
                 // Out of capacity somewhere is worth retrying later; no
                 // verifier at all is unavailability.
                 return Err(match full {
@@ -173,12 +181,12 @@ impl DecodeLoop {
                         %message,
                         "the verifier is out of capacity; trying another"
                     );
-                    failed.push(placement.verifier.index());
+                    failed.push(self.failed_on(&placement));
                     full = Some(message);
                     epoch += 1;
                 }
                 Err(AttemptError::Lost(cause)) => {
-                    failed.push(placement.verifier.index());
+                    failed.push(self.failed_on(&placement));
                     if remaining(request, &progress) == 0 {
                         // Every token arrived; only the final flag was lost.
                         return Ok(progress.finish(FinishReason::Length, request, ctx));
@@ -207,6 +215,12 @@ impl DecodeLoop {
                 }
             }
         }
+    }
+
+    /// The verifier of `placement`, as the request records a failure there.
+    fn failed_on(&self, placement: &Placement) -> (usize, u64) {
+        let index = placement.verifier.index();
+        (index, self.placer.recoveries(index))
     }
 
     /// Chooses the verifier and drafter for the next attempt.
@@ -358,6 +372,7 @@ fn run_request(
         // turn, found only by the same tenant.
         cache_key: request.session_id.clone().unwrap_or_default(),
         tenant: request.tenant.clone(),
+        release_cache: request.end_session,
     }
 }
 

@@ -16,7 +16,6 @@
 //! a gateway that has not heard from them yet still places on them, and a
 //! request that finds one down is re-placed as before.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -105,8 +104,7 @@ async fn watch(role: Role, member: Member, channel: Channel) {
 
 /// Records the member's state, logging changes.
 fn set(role: Role, member: &Member, up: bool) {
-    let was = member.healthy.swap(up, Ordering::Relaxed);
-    if was == up {
+    if !member.set_healthy(up) {
         return;
     }
     if up {

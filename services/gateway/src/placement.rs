@@ -19,7 +19,7 @@
 //! neither).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// The verifiers and drafters requests may be placed on.
 #[derive(Debug)]
@@ -43,6 +43,9 @@ pub struct Member {
     /// Set by the health watch; members start up, so a gateway that has not
     /// heard from them yet still places on them.
     pub healthy: Arc<AtomicBool>,
+    /// Times the health watch saw the member come back up after being
+    /// down: a request that lost it places on it again once this moves.
+    pub recoveries: Arc<AtomicU64>,
 }
 
 impl Member {
@@ -50,11 +53,21 @@ impl Member {
         Member {
             endpoint,
             healthy: Arc::new(AtomicBool::new(true)),
+            recoveries: Arc::default(),
         }
     }
 
     fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Records the watch's verdict; returns whether it changed.
+    pub fn set_healthy(&self, up: bool) -> bool {
+        let was = self.healthy.swap(up, Ordering::Relaxed);
+        if up && !was {
+            self.recoveries.fetch_add(1, Ordering::Relaxed);
+        }
+        was != up
     }
 }
 
@@ -133,6 +146,14 @@ impl Placer {
     /// The drafters, in the configured order, for the health watch.
     pub fn drafters(&self) -> impl Iterator<Item = &Member> {
         self.drafters.iter()
+    }
+
+    /// Times verifier `index` came back up after being down (see
+    /// [`Member::recoveries`]).
+    pub fn recoveries(&self, index: usize) -> u64 {
+        self.verifiers
+            .get(index)
+            .map_or(0, |v| v.member.recoveries.load(Ordering::Relaxed))
     }
 
     /// Requests from this gateway running on verifier `index` now.

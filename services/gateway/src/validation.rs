@@ -48,6 +48,9 @@ pub struct ValidGenerateRequest {
     pub speculation: ValidSpeculation,
     /// The client's multi-turn session, if it named one.
     pub session_id: Option<String>,
+    /// This is the session's last turn: its KV cache is freed at the end
+    /// (only with a `session_id`).
+    pub end_session: bool,
     /// Scope of the drafter's cross-session index ("" = anonymous).
     pub tenant: String,
 }
@@ -121,6 +124,8 @@ pub enum ValidationError {
     },
     #[error("`max_new_tokens` must be at most {max}, got {got}")]
     MaxNewTokens { max: u32, got: u32 },
+    #[error("`end_session` needs the `session_id` of the session to end")]
+    EndWithoutSession,
     /// A field the wire conversion refused (`sampling.*`).
     #[error(transparent)]
     Field(#[from] specmesh_proto::FieldError),
@@ -201,6 +206,9 @@ impl Validator {
         let speculation = self.speculation(request.speculation.unwrap_or_default())?;
         let stop = stop_strings(request.stop)?;
         let session_id = identifier("session_id", request.session_id)?;
+        if request.end_session && session_id.is_none() {
+            return Err(ValidationError::EndWithoutSession);
+        }
         let tenant = identifier("tenant", request.tenant)?.unwrap_or_default();
         let requested = self.requested_new_tokens(request.max_new_tokens)?;
 
@@ -216,6 +224,7 @@ impl Validator {
             stop,
             speculation,
             session_id,
+            end_session: request.end_session,
             tenant,
         })
     }

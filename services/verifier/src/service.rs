@@ -45,15 +45,27 @@ impl v1::verifier_server::Verifier for VerifierService {
             let run = ValidRun::from_wire(request.into_inner(), v.run_limits())?;
             let slot = v.admit()?;
             let bytes = (v.kv_tokens(&run) * v.model.kv_bytes_per_token()) as u64;
-            let reservation = v.memory.reserve(bytes)?;
-            Ok::<_, VerifierError>((run, slot, reservation))
+            // The session's own kept cache becomes part of its reservation:
+            // taken first, so it is neither counted twice nor evicted to
+            // make room for its own next turn.
+            let cached = run.cache_key.as_ref().and_then(|k| v.memory.take(k));
+            let reservation = match v.memory.reserve(bytes) {
+                Ok(r) => r,
+                Err(e) => {
+                    if let (Some(key), Some((seq, tokens))) = (run.cache_key.clone(), cached) {
+                        v.memory.keep(key, seq, tokens);
+                    }
+                    return Err(e.into());
+                }
+            };
+            Ok::<_, VerifierError>((run, slot, reservation, cached))
         });
-        let (run, slot, reservation) = admitted.inspect_err(|e| {
+        let (run, slot, reservation, cached) = admitted.inspect_err(|e| {
             span.in_scope(|| tracing::info!(error = %e, "run refused"));
         })?;
         let (tx, rx) = mpsc::channel(OUTBOUND_EVENTS);
         tokio::spawn(tracing::Instrument::instrument(
-            drive(Arc::clone(v), run, tx, reservation, slot),
+            drive(Arc::clone(v), run, cached, tx, reservation, slot),
             span,
         ));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

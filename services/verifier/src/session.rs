@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use specmesh_engine::{Session, SessionLimits};
+use specmesh_model::Sequence;
 use specmesh_proto::v1;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tonic::Status;
@@ -21,11 +22,13 @@ use crate::validate::{DraftPlan, ValidRun};
 
 pub type Events = mpsc::Sender<Result<v1::SessionEvent, Status>>;
 
-/// Runs an admitted session to its end: holds its slot and KV reservation
-/// until then, and keeps its cache under its `cache_key` if it finished.
+/// Runs an admitted session to its end (from its kept cache, `cached`, when
+/// it has one): holds its slot and KV reservation until then, and keeps
+/// its cache under its `cache_key` unless it failed.
 pub async fn drive(
     v: Arc<State>,
     run: ValidRun,
+    cached: Option<(Sequence, Vec<u32>)>,
     events: Events,
     reservation: Reservation,
     slot: OwnedSemaphorePermit,
@@ -39,7 +42,7 @@ pub async fn drive(
         drafter = run.draft.as_ref().map_or("", |d| d.endpoint.as_str()),
     );
     async move {
-        let kept = match drive_inner(&v, &run, &events).await {
+        let kept = match drive_inner(&v, &run, cached, &events).await {
             Ok(session) => Some(session),
             Err(VerifierError::CallerGone) => None,
             Err(e) => {
@@ -51,7 +54,7 @@ pub async fn drive(
         // Free the reservation before keeping the cache, so keeping it
         // does not evict another kept cache needlessly.
         drop(reservation);
-        if let (Some(key), Some(session)) = (run.cache_key, kept) {
+        if let (Some(key), Some(session)) = (run.cache_key.filter(|_| run.keep_cache), kept) {
             let (seq, tokens) = session.into_cache();
             v.memory.keep(key, seq, tokens);
         }
@@ -62,12 +65,16 @@ pub async fn drive(
 }
 
 /// Runs the session; returns it (for keeping its cache) unless it failed.
+/// A caller that goes away (a stop string met, a cancelled call) ends the
+/// session as it stands: its KV holds what was committed, which the next
+/// turn of a conversation reuses.
 async fn drive_inner(
     v: &State,
     run: &ValidRun,
+    cached: Option<(Sequence, Vec<u32>)>,
     events: &Events,
 ) -> Result<Box<Session>, VerifierError> {
-    let (cached_seq, cached_tokens) = match run.cache_key.as_ref().and_then(|k| v.memory.take(k)) {
+    let (cached_seq, cached_tokens) = match cached {
         Some((seq, tokens)) => (Some(seq), tokens),
         None => (None, Vec::new()),
     };
@@ -110,7 +117,9 @@ async fn drive_inner(
             drafting: link.is_some(),
         })),
     };
-    send(events, started).await?;
+    if send(events, started).await.is_err() {
+        return Ok(session);
+    }
 
     let _decoding = Gauge::up(&v.decoding);
     let mut steps = Steps::new(run.epoch, bounds, link.is_some());
@@ -127,7 +136,7 @@ async fn drive_inner(
         let answer = match link.as_mut().filter(|_| steps.wants_tree()) {
             Some(l) => Some(tokio::select! {
                 a = l.tree_for(steps.epoch(), steps.step(), v.config.draft_timeout) => a,
-                () = events.closed() => return Err(VerifierError::CallerGone),
+                () = events.closed() => return Ok(session),
             }),
             None => None,
         };
@@ -164,8 +173,7 @@ async fn drive_inner(
         let event = v1::SessionEvent {
             event: Some(v1::session_event::Event::Committed(verified.committed)),
         };
-        send(events, event).await?;
-        if verified.finished {
+        if send(events, event).await.is_err() || verified.finished {
             return Ok(session);
         }
         if let (Some(l), Some(outcome)) = (link.as_mut(), verified.outcome)

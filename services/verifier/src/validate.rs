@@ -31,7 +31,10 @@ pub struct ValidRun {
     pub max_new_tokens: usize,
     pub params: SamplingParams,
     pub draft: Option<DraftPlan>,
+    /// Where the session's kept cache is found.
     pub cache_key: Option<specmesh_proto::CacheKey>,
+    /// Keep the session's KV under `cache_key` when it ends.
+    pub keep_cache: bool,
 }
 
 /// The drafter a run drafts with.
@@ -87,6 +90,7 @@ impl ValidRun {
             params: spec.sampling,
             draft,
             cache_key: spec.cache_key,
+            keep_cache: spec.keep_cache,
         })
     }
 }

@@ -48,6 +48,7 @@ fn request(max_new_tokens: u32, stop: &[&str]) -> ValidGenerateRequest {
             max_draft_tokens: 16,
         },
         session_id: None,
+        end_session: false,
         tenant: "acme".into(),
     }
 }

@@ -279,4 +279,20 @@ async fn session_and_tenant_ids_are_short_and_plain() {
         .unwrap();
     assert_eq!(valid.session_id.as_deref(), Some("s".repeat(128).as_str()));
     assert_eq!(valid.tenant, "team-a.prod:1_x");
+    assert!(!valid.end_session);
+    let end = |session_id: &str| GenerateRequest {
+        end_session: true,
+        ..with(session_id, "")
+    };
+    assert_eq!(
+        refused(end("")).await,
+        "`end_session` needs the `session_id` of the session to end"
+    );
+    assert!(
+        validator()
+            .validate(end("chat-1"))
+            .await
+            .unwrap()
+            .end_session
+    );
 }

@@ -1,0 +1,279 @@
+//! Multi-turn sessions under KV pressure through real processes: eight
+//! three-turn conversations interleaved on one verifier whose KV budget
+//! holds about two of them. Kept caches are evicted least recently used
+//! first to make room; a turn whose cache survived reuses it, the others
+//! prefill again; every turn says what a fresh verifier says for the same
+//! conversation without a session. The verifier's accounting is exact:
+//! when no session runs, `kv_bytes` is what the kept caches hold, and it
+//! returns to 0 when the sessions end.
+//!
+//! Each conversation's third turn is its last (`end_session`): it still
+//! reuses the session's cache, and the verifier frees the cache when the
+//! turn ends, so nothing is kept once every session has ended.
+
+use std::time::Duration;
+
+use specmesh_e2e::cluster::Cluster;
+use specmesh_e2e::mesh::without_speculation;
+use specmesh_proto::v1;
+use specmesh_proto::v1::generation_client::GenerationClient;
+use tonic::transport::Channel;
+
+const SESSIONS: usize = 8;
+const TURNS: usize = 3;
+const MAX_NEW: u32 = 32;
+const MIB: u64 = 1 << 20;
+
+/// SmolLM2-135M's KV cache per token, as the verifier holds it: K and V
+/// (2) × 30 layers × 192 (3 KV heads × 64) × 4 bytes (f32).
+const KV_BYTES_PER_TOKEN: u64 = 2 * 30 * 192 * 4;
+
+/// Tokens a drafting turn reserves besides its context and output: one
+/// draft tree, the verifier's default 64 drafted nodes and the root (the
+/// verifier's `kv_tokens`). A kept cache holds what its turn reserved.
+const TREE: u64 = 65;
+
+const TOPICS: [&str; SESSIONS] = [
+    "cats",
+    "the planet Mars",
+    "volcanoes",
+    "jazz music",
+    "baking bread",
+    "chess",
+    "the river Danube",
+    "green tea",
+];
+
+fn user_message(session: usize, turn: usize) -> String {
+    match turn {
+        0 => format!("Tell me about {}.", TOPICS[session]),
+        1 => "Give me one surprising fact about it.".into(),
+        _ => "Summarize what you told me in one sentence.".into(),
+    }
+}
+
+/// Turn `turn` of conversation `session`, after `replies`: every earlier
+/// message and reply, then this turn's message.
+fn turn_request(session: usize, replies: &[String], turn: usize) -> v1::GenerateRequest {
+    let mut messages = Vec::new();
+    for (t, reply) in replies.iter().enumerate().take(turn) {
+        messages.push(v1::ChatMessage {
+            role: "user".into(),
+            content: user_message(session, t),
+        });
+        messages.push(v1::ChatMessage {
+            role: "assistant".into(),
+            content: reply.clone(),
+        });
+    }
+    messages.push(v1::ChatMessage {
+        role: "user".into(),
+        content: user_message(session, turn),
+    });
+    v1::GenerateRequest {
+        input: Some(v1::generate_request::Input::Chat(v1::Chat { messages })),
+        max_new_tokens: MAX_NEW,
+        ..Default::default()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Turn {
+    tokens: Vec<u32>,
+    text: String,
+    prompt_tokens: u64,
+}
+
+impl Turn {
+    /// Tokens of KV the turn reserves on a verifier, drafting.
+    fn kv_tokens(&self) -> u64 {
+        self.prompt_tokens + u64::from(MAX_NEW) + TREE
+    }
+}
+
+async fn generate(client: &mut GenerationClient<Channel>, request: v1::GenerateRequest) -> Turn {
+    let r = client.generate(request).await.unwrap().into_inner();
+    Turn {
+        tokens: r.token_ids,
+        text: r.text,
+        prompt_tokens: u64::from(r.usage.expect("usage").prompt_tokens),
+    }
+}
+
+/// The verifier's stats once its sessions have ended.
+async fn idle(cluster: &Cluster) -> v1::VerifierStats {
+    cluster
+        .idle_stats()
+        .await
+        .remove(0)
+        .expect("verifier stats")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_interleaved_sessions_of_three_turns_fit_a_two_session_kv_budget() {
+    // Every conversation on a fresh verifier with the default budget, each
+    // turn without a session (nothing kept, nothing reused) and without
+    // speculation: plain decoding, what each session turn must equal.
+    let reference = {
+        let cluster = Cluster::start(1, 0, &[], &[]);
+        let mut client = cluster.client().await;
+        let mut all = Vec::new();
+        for s in 0..SESSIONS {
+            let mut replies = Vec::new();
+            let mut turns = Vec::new();
+            for t in 0..TURNS {
+                let turn = generate(
+                    &mut client,
+                    without_speculation(turn_request(s, &replies, t)),
+                )
+                .await;
+                replies.push(turn.text.clone());
+                turns.push(turn);
+            }
+            all.push(turns);
+        }
+        all
+    };
+
+    // A budget of twice the largest turn's reservation: two sessions fit,
+    // eight do not, even at their first turn.
+    let largest = reference
+        .iter()
+        .flatten()
+        .map(Turn::kv_tokens)
+        .max()
+        .unwrap();
+    let budget_mib = (2 * largest * KV_BYTES_PER_TOKEN).div_ceil(MIB);
+    let budget = budget_mib * MIB;
+    let budget_tokens = budget / KV_BYTES_PER_TOKEN;
+    let first_turns: u64 = reference.iter().map(|s| s[0].kv_tokens()).sum();
+    eprintln!(
+        "KV: {KV_BYTES_PER_TOKEN} bytes per token; a turn reserves prompt + {MAX_NEW} new + {TREE} \
+         (one tree) tokens; the largest turn {largest} tokens ({:.2} MiB); budget {budget_mib} MiB \
+         = {budget_tokens} tokens; the 8 first turns need {first_turns} tokens",
+        (largest * KV_BYTES_PER_TOKEN) as f64 / MIB as f64
+    );
+    assert!(
+        first_turns > budget_tokens,
+        "the budget keeps every session's first turn: nothing would be evicted"
+    );
+
+    let budget_flag = budget_mib.to_string();
+    let cluster = Cluster::start(1, 1, &["--kv-budget-mib", &budget_flag], &[]);
+    let mut client = cluster.client().await;
+    let mut replies: Vec<Vec<String>> = vec![Vec::new(); SESSIONS];
+    // Turn 1 of all, turn 2 of all in reverse order (so the sessions that
+    // ended round one last find their caches kept), turn 3 of all in order
+    // again (so do the first ones).
+    for t in 0..TURNS {
+        let order: Vec<usize> = if t % 2 == 0 {
+            (0..SESSIONS).collect()
+        } else {
+            (0..SESSIONS).rev().collect()
+        };
+        for &s in &order {
+            let mut request = turn_request(s, &replies[s], t);
+            request.session_id = format!("session-{s}");
+            request.end_session = t == TURNS - 1;
+            let turn = generate(&mut client, request).await;
+            assert_eq!(
+                turn.tokens,
+                reference[s][t].tokens,
+                "session {s}, turn {}: differs from a fresh verifier's answer",
+                t + 1
+            );
+            assert_eq!(turn.prompt_tokens, reference[s][t].prompt_tokens);
+            replies[s].push(turn.text);
+            let stats = idle(&cluster).await;
+            assert_eq!(stats.active_sessions, 0, "{stats:?}");
+            assert!(stats.kv_bytes <= budget, "over the budget: {stats:?}");
+            if (t, s) == (0, 0) {
+                // The first cache kept holds exactly what its turn
+                // reserved: the per-token size and tree above are right.
+                assert_eq!(
+                    (stats.cached_sessions, stats.kv_bytes),
+                    (1, reference[0][0].kv_tokens() * KV_BYTES_PER_TOKEN),
+                    "{stats:?}"
+                );
+            }
+        }
+        if t == TURNS - 2 {
+            // Before the last round no session runs: the KV held is
+            // exactly the kept caches, the last ones kept (least recently
+            // used go first), each of its turn's size.
+            let stats = idle(&cluster).await;
+            eprintln!("after {} turns: {stats:?}", SESSIONS * (t + 1));
+            assert!(stats.evicted_caches > 0, "no cache was evicted: {stats:?}");
+            let kept = stats.cached_sessions as usize;
+            assert!((1..SESSIONS).contains(&kept), "{stats:?}");
+            let expected: u64 = order[SESSIONS - kept..]
+                .iter()
+                .map(|&s| reference[s][t].kv_tokens() * KV_BYTES_PER_TOKEN)
+                .sum();
+            assert_eq!(
+                (stats.active_sessions, stats.kv_bytes),
+                (0, expected),
+                "KV held is not the {kept} most recently kept caches: {stats:?}"
+            );
+        }
+    }
+
+    // Every session has had its last turn: turns reused their caches where
+    // they were kept, and nothing is left.
+    let end = cluster
+        .settled_stats(Duration::from_secs(10), |_| 0)
+        .await
+        .remove(0)
+        .expect("verifier stats");
+    eprintln!("after {} turns: {end:?}", SESSIONS * TURNS);
+    assert!(end.reused_tokens > 0, "no turn reused its cache: {end:?}");
+    assert_eq!(
+        (end.active_sessions, end.cached_sessions, end.kv_bytes),
+        (0, 0, 0),
+        "KV left after every session ended: {end:?}"
+    );
+}
+
+/// A turn the gateway ends early (a stop string met: it cancels the
+/// verifier's stream) keeps its cache too, and the next turn reuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_ended_by_a_stop_string_keeps_its_cache_for_the_next() {
+    let cluster = Cluster::start(1, 0, &[], &[]);
+    let mut client = cluster.client().await;
+    let mut first = turn_request(0, &[], 0);
+    first.session_id = "stopped".into();
+    first.stop = vec![".".into()];
+    let stopped = client.generate(first).await.unwrap().into_inner();
+    assert_eq!(stopped.finish_reason, v1::FinishReason::Stop as i32);
+    // The verifier learns of the cancel at its next step, then keeps.
+    let start = std::time::Instant::now();
+    let kept = loop {
+        let s = cluster
+            .idle_stats()
+            .await
+            .remove(0)
+            .expect("verifier stats");
+        if s.cached_sessions > 0 || start.elapsed() > Duration::from_secs(10) {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        kept.cached_sessions, 1,
+        "the stopped turn's cache: {kept:?}"
+    );
+
+    let replies = [stopped.text.clone()];
+    let mut second = turn_request(0, &replies, 1);
+    second.session_id = "stopped".into();
+    let reused = generate(&mut client, second).await;
+    let fresh = generate(&mut client, turn_request(0, &replies, 1)).await;
+    assert_eq!(reused.tokens, fresh.tokens);
+    let stats = cluster.idle_stats().await.remove(0).unwrap();
+    assert!(
+        stats.reused_tokens >= reused.prompt_tokens / 2,
+        "the second turn reused {} of its {} prompt tokens",
+        stats.reused_tokens,
+        reused.prompt_tokens
+    );
+}
