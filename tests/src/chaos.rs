@@ -54,12 +54,9 @@ pub struct Plan {
     /// How long a victim stays down before it is started again.
     pub down: (Duration, Duration),
     /// A verifier is killed only when every other verifier has been back
-    /// this long: the gateway's health watch retries a lost member with a
-    /// back-off of up to 4 s, and until it sees a restarted verifier it
-    /// places nothing there. Killing the last verifier the gateway
-    /// believes in is an outage, not a fault to survive. No longer than
-    /// that, though: a request that runs longer may lose both verifiers,
-    /// one after the other, and must survive it.
+    /// this long (0: at any moment). With none left up, requests wait for
+    /// one to come back (the gateway's `--placement-wait-ms`), which the
+    /// gateway's health watch sees within its back-off of up to 4 s.
     pub settle: Duration,
 }
 
@@ -70,7 +67,7 @@ impl Plan {
             seed,
             pause: (Duration::from_millis(500), Duration::from_millis(4000)),
             down: (Duration::ZERO, Duration::from_millis(1500)),
-            settle: Duration::from_secs(5),
+            settle: Duration::ZERO,
         }
     }
 }

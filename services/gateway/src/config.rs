@@ -94,6 +94,12 @@ pub struct Args {
     /// Time allowed to open a connection to a verifier, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     pub connect_timeout_ms: u64,
+
+    /// How long a request waits for a verifier to come back when none can
+    /// take it (all down or restarting), in milliseconds, within its
+    /// deadline; then UNAVAILABLE. 0: fail at once.
+    #[arg(long, default_value_t = 10_000)]
+    pub placement_wait_ms: u64,
 }
 
 /// A configuration the gateway can run with; build it with
@@ -114,6 +120,7 @@ pub struct Config {
     pub max_message_bytes: usize,
     pub max_replacements: u32,
     pub connect_timeout: Duration,
+    pub placement_wait: Duration,
     pub shutdown_grace: Duration,
 }
 
@@ -207,6 +214,7 @@ impl TryFrom<Args> for Config {
             max_message_bytes: args.max_message_bytes,
             max_replacements: args.max_replacements,
             connect_timeout: Duration::from_millis(args.connect_timeout_ms),
+            placement_wait: Duration::from_millis(args.placement_wait_ms),
             shutdown_grace: Duration::from_secs(args.server.shutdown_grace_secs),
         })
     }
@@ -228,6 +236,7 @@ impl Config {
             max_message_bytes: 4 << 20,
             max_replacements: 2,
             connect_timeout: Duration::from_secs(2),
+            placement_wait: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
         }
     }

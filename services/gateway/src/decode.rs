@@ -77,7 +77,12 @@ pub struct DecodeLoop {
     verifiers: Vec<VerifierClient<Channel>>,
     tokenizer: Tokenizer,
     max_replacements: u32,
+    /// How long a request waits for a verifier when none can take it.
+    placement_wait: Duration,
 }
+
+/// How often a request waiting for a verifier looks again.
+const PLACEMENT_POLL: Duration = Duration::from_millis(100);
 
 /// The state of one request that survives re-placement.
 #[derive(Debug)]
@@ -116,7 +121,15 @@ impl DecodeLoop {
             verifiers,
             tokenizer,
             max_replacements,
+            placement_wait: Duration::ZERO,
         }
+    }
+
+    /// Requests wait up to `wait` (within their deadline) for a verifier
+    /// to come back when none can take them, instead of failing at once.
+    pub fn with_placement_wait(mut self, wait: Duration) -> Self {
+        self.placement_wait = wait;
+        self
     }
 
     /// Generates the completion of `request`, delivering output to `sink`
@@ -142,6 +155,8 @@ impl DecodeLoop {
         // the last one out of capacity said.
         let mut lost = 0u64;
         let mut full: Option<String> = None;
+        // Since when no verifier could take the request, while none can.
+        let mut unplaceable_since: Option<Instant> = None;
         loop {
             let attempts = u32::try_from(failed.len()).unwrap_or(u32::MAX);
             let exclude: Vec<usize> = failed
@@ -150,6 +165,18 @@ impl DecodeLoop {
                 .map(|&(i, _)| i)
                 .collect();
             let Some(placement) = self.place(request, &exclude, epoch) else {
+                // No verifier can take it now (all down, restarting, or
+                // lost by this request and not back yet): wait a while for
+                // one to come back, as pods do in a rolling update.
+                let since = *unplaceable_since.get_or_insert_with(Instant::now);
+                let until = (since + self.placement_wait).min(ctx.deadline);
+                if full.is_none() && Instant::now() + PLACEMENT_POLL <= until {
+                    if since.elapsed() < PLACEMENT_POLL {
+                        info!(epoch, "no verifier can take the request: waiting for one");
+                    }
+                    tokio::time::sleep(PLACEMENT_POLL).await;
+                    continue;
+                }
                 // Out of capacity somewhere is worth retrying later; no
                 // verifier at all is unavailability.
                 return Err(match full {
@@ -159,6 +186,7 @@ impl DecodeLoop {
                     None => GatewayError::NoVerifier { attempts },
                 });
             };
+            unplaceable_since = None;
             let span = info_span!(
                 "verify_stream",
                 epoch,

@@ -109,7 +109,8 @@ impl GenerationService {
             verifiers,
             model.tokenizer.clone(),
             config.max_replacements,
-        );
+        )
+        .with_placement_wait(config.placement_wait);
         Ok(GenerationService {
             shared: Arc::new(Shared {
                 validator: Validator::new(model.tokenizer, limits),

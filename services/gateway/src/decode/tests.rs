@@ -306,6 +306,37 @@ async fn re_placements_are_bounded() {
     assert_eq!(calls, 3, "the first try and two re-placements");
 }
 
+/// With every verifier down, a request waits (up to the placement wait)
+/// for one to come back instead of failing; without a wait it fails at
+/// once.
+#[tokio::test]
+async fn a_request_waits_for_a_verifier_to_come_back() {
+    let v = spawn_verifier(vec![vec![started(), finished(0, "ok")]]).await;
+    let dl = decode_loop(&[&v.endpoint], &[], 2);
+    let member = dl.placer.verifiers().next().unwrap().clone();
+    member.set_healthy(false);
+    let err = dl
+        .run(&request(4, &[]), &ctx(), &mut TestSink::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, GatewayError::NoVerifier { attempts: 0 }),
+        "{err:?}"
+    );
+    assert!(v.log.requests().is_empty());
+
+    let dl = dl.with_placement_wait(Duration::from_secs(20));
+    let back = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        member.set_healthy(true);
+    });
+    let mut sink = TestSink::default();
+    let summary = dl.run(&request(4, &[]), &ctx(), &mut sink).await.unwrap();
+    assert_eq!(sink.all(&summary).0, "ok");
+    assert_eq!(v.log.requests().len(), 1);
+    back.await.unwrap();
+}
+
 #[tokio::test]
 async fn a_lone_lost_verifier_is_unavailable() {
     let v = spawn_verifier(vec![vec![Step::Fail(Status::unavailable("draining"))]]).await;

@@ -314,7 +314,9 @@ async fn no_reachable_verifier_is_unavailable() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let dir = tempfile::tempdir().unwrap();
     let model = testing::write_gguf(dir.path(), 64);
-    let config = Config::new(vec![endpoint], model);
+    let mut config = Config::new(vec![endpoint], model);
+    // Fail at once rather than wait for the verifier to come back.
+    config.placement_wait = Duration::ZERO;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel::<()>();
