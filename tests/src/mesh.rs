@@ -22,12 +22,16 @@ pub struct Proc {
     pub name: String,
     pub url: String,
     pub pid: u32,
+    /// Its Prometheus `/metrics` URL.
+    pub metrics: Option<String>,
 }
 
 #[derive(Debug)]
 pub struct Mesh {
     child: Child,
     pub gateway: String,
+    /// The gateway's Prometheus `/metrics` URL.
+    pub gateway_metrics: Option<String>,
     pub services: Vec<Proc>,
     /// What `specmesh up` printed before the gateway served (each
     /// service's model and memory line, its address).
@@ -116,6 +120,7 @@ impl Mesh {
         });
         let mut services = Vec::new();
         let mut startup = Vec::new();
+        let mut gateway_metrics = None;
         let gateway = loop {
             let line = rx
                 .recv_timeout(Duration::from_secs(180))
@@ -126,20 +131,26 @@ impl Mesh {
             if let Some(addr) = line.strip_prefix("specmesh up: gateway listening on ") {
                 break format!("http://{}", addr.trim());
             }
-            // "specmesh-verifier at http://127.0.0.1:PORT (pid N)"
+            // "specmesh-verifier at http://127.0.0.1:PORT (pid N) metrics URL"
             if let Some((name, rest)) = line.split_once(" at ")
-                && let Some((url, pid)) = rest.split_once(" (pid ")
+                && let Some((url, rest)) = rest.split_once(" (pid ")
+                && let Some((pid, rest)) = rest.split_once(')')
             {
                 services.push(Proc {
                     name: name.to_string(),
                     url: url.to_string(),
-                    pid: pid.trim_end_matches(')').parse().unwrap_or(0),
+                    pid: pid.parse().unwrap_or(0),
+                    metrics: rest.trim().strip_prefix("metrics ").map(str::to_string),
                 });
+            }
+            if let Some(url) = line.strip_prefix("specmesh-gateway metrics ") {
+                gateway_metrics = Some(url.trim().to_string());
             }
         };
         Mesh {
             child,
             gateway,
+            gateway_metrics,
             services,
             startup,
         }

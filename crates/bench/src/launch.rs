@@ -18,6 +18,8 @@ use tokio::process::{Child, Command};
 pub struct Service {
     pub name: &'static str,
     pub addr: String,
+    /// `http://ADDR/metrics` when the service serves metrics.
+    pub metrics: Option<String>,
     child: Child,
 }
 
@@ -65,10 +67,16 @@ impl Service {
         let stdout = child.stdout.take().context("child stdout")?;
         let mut lines = BufReader::new(stdout).lines();
         let prefix = format!("{name} listening on ");
+        let metrics_prefix = format!("{name} metrics on ");
+        let mut metrics = None;
         let addr = tokio::time::timeout(timeout, async {
             while let Some(line) = lines.next_line().await? {
                 if let Some(addr) = line.strip_prefix(&prefix) {
                     return Ok(addr.trim().to_string());
+                }
+                if let Some(url) = line.strip_prefix(&metrics_prefix) {
+                    metrics = Some(url.trim().to_string());
+                    continue;
                 }
                 // What a service says before it serves (its model and
                 // memory) is for the user too.
@@ -80,7 +88,12 @@ impl Service {
         .with_context(|| format!("{name} did not start within {timeout:?}"))??;
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(Service { name, addr, child })
+        Ok(Service {
+            name,
+            addr,
+            metrics,
+            child,
+        })
     }
 
     pub fn url(&self) -> String {
@@ -176,6 +189,8 @@ pub struct Layout {
     pub drafter_threads: Option<usize>,
     /// The drafters draft the draft model's trees ahead (`--draft-ahead`).
     pub draft_ahead: bool,
+    /// Every service serves Prometheus metrics on a free loopback port.
+    pub metrics: bool,
     /// How long each service may take to start.
     pub timeout: Duration,
 }
@@ -196,8 +211,16 @@ impl Mesh {
             drafter_cpus,
             drafter_threads,
             draft_ahead,
+            metrics,
             timeout,
         } = layout;
+        let metrics_args = || -> Vec<String> {
+            if metrics {
+                vec!["--metrics-listen".into(), "127.0.0.1:0".into()]
+            } else {
+                Vec::new()
+            }
+        };
         anyhow::ensure!(verifiers >= 1, "`--verifiers` must be >= 1");
         let model_arg = model.display().to_string();
         let mut vs = Vec::new();
@@ -214,6 +237,7 @@ impl Mesh {
             if let Some(c) = &verifier_cpus {
                 args.extend(["--cpus".into(), c.clone()]);
             }
+            args.extend(metrics_args());
             vs.push(Service::start("specmesh-verifier", &args, timeout).await?);
         }
         let mut ds = Vec::new();
@@ -235,6 +259,7 @@ impl Mesh {
         if let Some(c) = &drafter_cpus {
             drafter_args.extend(["--cpus".into(), c.clone()]);
         }
+        drafter_args.extend(metrics_args());
         for _ in 0..drafters {
             ds.push(Service::start("specmesh-drafter", &drafter_args, timeout).await?);
         }
@@ -252,6 +277,7 @@ impl Mesh {
                 ds.iter().map(Service::url).collect::<Vec<_>>().join(","),
             ]);
         }
+        args.extend(metrics_args());
         let gateway = Service::start("specmesh-gateway", &args, timeout).await?;
         for s in vs.iter().chain(&ds).chain([&gateway]) {
             wait_healthy(&s.url(), timeout).await?;

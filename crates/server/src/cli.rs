@@ -55,6 +55,10 @@ pub struct ServerArgs {
     /// Compute threads then default to their number; see `--threads`.
     #[arg(long)]
     pub cpus: Option<crate::affinity::CpuList>,
+    /// Address to serve Prometheus metrics on, over HTTP at `/metrics`
+    /// (port 0: any free port, printed at startup); unset: no metrics.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl ServerArgs {
@@ -189,6 +193,7 @@ mod tests {
                 "SPECMESH_WIDGET_CPUS",
                 "SPECMESH_WIDGET_LISTEN",
                 "SPECMESH_WIDGET_MAX_THINGS",
+                "SPECMESH_WIDGET_METRICS_LISTEN",
                 "SPECMESH_WIDGET_SHUTDOWN_GRACE_SECS",
             ]
         );

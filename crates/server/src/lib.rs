@@ -3,13 +3,14 @@
 //! [`serve`]: bind, health, reflection, keepalive, the "listening on" line
 //! and the graceful drain; [`client`]: channels to a peer service;
 //! [`shutdown`]: the signals; [`telemetry`]: tracing with trace-context
-//! propagation; [`affinity`]: `--cpus`.
+//! propagation; [`affinity`]: `--cpus`; [`metrics`]: Prometheus `/metrics`.
 
 #![forbid(unsafe_code)]
 
 pub mod affinity;
 pub mod cli;
 pub mod client;
+pub mod metrics;
 pub mod serve;
 pub mod shutdown;
 pub mod telemetry;

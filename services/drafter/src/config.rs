@@ -94,6 +94,8 @@ pub enum ConfigError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// Where to serve Prometheus `/metrics`; `None`: nowhere.
+    pub metrics_listen: Option<SocketAddr>,
     /// Budget of the global suffix index, in bytes (0: no index).
     pub global_index_bytes: usize,
     pub max_sessions: usize,
@@ -128,6 +130,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 50061)),
+            metrics_listen: None,
             global_index_bytes: 256 << 20,
             max_sessions: 1024,
             max_context_tokens: 262_144,
@@ -184,6 +187,7 @@ impl TryFrom<Args> for Config {
         };
         Ok(Config {
             listen: a.server.listen,
+            metrics_listen: a.server.metrics_listen,
             global_index_bytes: a.global_index_mib << 20,
             max_sessions: at_least("max-sessions", a.max_sessions, 1)?,
             max_context_tokens: at_least("max-context-tokens", a.max_context_tokens, 1)?,

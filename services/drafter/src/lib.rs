@@ -20,6 +20,7 @@
 mod config;
 mod drafters;
 mod error;
+mod metrics;
 mod model;
 mod server;
 mod service;

@@ -68,12 +68,27 @@ pub async fn bind(config: Config) -> anyhow::Result<Listening> {
         ),
         None => None,
     };
+    let stats = Arc::new(Stats::default());
+    if let Some(addr) = config.metrics_listen {
+        // Labelled with what this drafter drafts with.
+        let name = config.draft_model.as_ref().map_or_else(
+            || "model-free".to_string(),
+            |m| m.path.display().to_string(),
+        );
+        let registry = specmesh_server::metrics::registry(&name);
+        registry
+            .register(Box::new(crate::metrics::StatsMetrics::new(Arc::clone(
+                &stats,
+            ))))
+            .context("registering the drafter's metrics")?;
+        specmesh_server::metrics::serve("specmesh-drafter", addr, registry).await?;
+    }
     let listener = specmesh_server::bind(config.listen).await?;
     let local_addr = listener.local_addr().context("reading the bound address")?;
     let (stop, stop_rx) = watch::channel(false);
     let shared = Shared {
         drafters: DrafterSet::new(config.global_index_bytes, model),
-        stats: Arc::new(Stats::default()),
+        stats,
         slots: Arc::new(Semaphore::new(config.max_sessions)),
         max_sessions: config.max_sessions,
         max_context: config.max_context_tokens,

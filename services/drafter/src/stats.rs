@@ -1,15 +1,15 @@
 //! Process-wide counters of the drafter, shared by every stream through an
 //! `Arc`. They are plain relaxed atomics: each is exact on its own, and a
 //! [`StatsSnapshot`] is not a consistent cut across them (nor needs to be:
-//! they become independent metrics). Export (Prometheus) comes later and
-//! reads [`Stats::snapshot`].
+//! they become independent metrics). Prometheus reads them through
+//! [`crate::metrics`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Live counters; see the module docs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Stats {
     sessions_open: AtomicU64,
     sessions_total: AtomicU64,
@@ -21,6 +21,42 @@ pub struct Stats {
     stale_outcomes: AtomicU64,
     propose_nanos: AtomicU64,
     outputs_indexed: AtomicU64,
+    /// Each tree's drafting time and size, for Prometheus.
+    pub(crate) propose_seconds: prometheus::Histogram,
+    pub(crate) tree_nodes: prometheus::Histogram,
+}
+
+impl Default for Stats {
+    fn default() -> Stats {
+        let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
+            prometheus::Histogram::with_opts(
+                prometheus::HistogramOpts::new(name, help).buckets(buckets),
+            )
+            .expect("a valid histogram")
+        };
+        Stats {
+            sessions_open: AtomicU64::default(),
+            sessions_total: AtomicU64::default(),
+            sessions_refused: AtomicU64::default(),
+            sessions_failed: AtomicU64::default(),
+            trees_sent: AtomicU64::default(),
+            drafted_nodes: AtomicU64::default(),
+            accepted_nodes: AtomicU64::default(),
+            stale_outcomes: AtomicU64::default(),
+            propose_nanos: AtomicU64::default(),
+            outputs_indexed: AtomicU64::default(),
+            propose_seconds: histogram(
+                "specmesh_drafter_propose_seconds",
+                "Seconds to draft one tree.",
+                prometheus::exponential_buckets(0.000_01, 4.0, 10).expect("valid buckets"),
+            ),
+            tree_nodes: histogram(
+                "specmesh_drafter_tree_nodes",
+                "Drafted nodes per tree sent (the root not counted).",
+                vec![0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
+            ),
+        }
+    }
 }
 
 /// The counters at one moment.
@@ -87,6 +123,8 @@ impl Stats {
     }
 
     pub(crate) fn tree_sent(&self, drafted: usize, took: Duration) {
+        self.propose_seconds.observe(took.as_secs_f64());
+        self.tree_nodes.observe(drafted as f64);
         add(&self.trees_sent, 1);
         add(&self.drafted_nodes, drafted as u64);
         add(

@@ -107,6 +107,8 @@ pub struct Args {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// Where to serve Prometheus `/metrics`; `None`: nowhere.
+    pub metrics_listen: Option<SocketAddr>,
     /// Verifier endpoints, at least one, as given (trimmed).
     pub verifiers: Vec<String>,
     /// Drafter endpoints, possibly none.
@@ -203,6 +205,7 @@ impl TryFrom<Args> for Config {
             .unwrap_or_else(|| PathBuf::from(specmesh_catalog::DEFAULT_MODEL));
         Ok(Config {
             listen: args.server.listen,
+            metrics_listen: args.server.metrics_listen,
             verifiers,
             drafters,
             model,
@@ -225,6 +228,7 @@ impl Config {
     pub fn new(verifiers: Vec<String>, model: PathBuf) -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_listen: None,
             verifiers,
             drafters: Vec::new(),
             model,

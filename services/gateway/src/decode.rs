@@ -28,6 +28,7 @@ use tonic::{Code, Status, Streaming};
 use tracing::{Instrument, debug, field, info, info_span, warn};
 
 use crate::error::GatewayError;
+use crate::metrics::GatewayMetrics;
 use crate::output::{Delta, OutputBuilder};
 use crate::placement::{Placement, PlacementKey, Placer};
 use crate::stats::SpecStats;
@@ -79,6 +80,7 @@ pub struct DecodeLoop {
     max_replacements: u32,
     /// How long a request waits for a verifier when none can take it.
     placement_wait: Duration,
+    metrics: GatewayMetrics,
 }
 
 /// How often a request waiting for a verifier looks again.
@@ -90,6 +92,8 @@ struct Progress {
     output: OutputBuilder,
     stats: SpecStats,
     first_token_at: Option<Instant>,
+    /// When the latest tokens were committed (inter-token latency).
+    last_token_at: Option<Instant>,
     /// Output of the final step, kept back to travel with the summary (so
     /// the last streamed chunk carries both).
     tail: Delta,
@@ -122,7 +126,24 @@ impl DecodeLoop {
             tokenizer,
             max_replacements,
             placement_wait: Duration::ZERO,
+            metrics: GatewayMetrics::default(),
         }
+    }
+
+    /// Records steps, latencies and placements into `metrics`.
+    pub fn with_metrics(mut self, metrics: GatewayMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The request finished: its latency and tokens.
+    fn finished(&self, summary: Summary, ctx: &RequestContext) -> Summary {
+        self.metrics.finished(
+            ctx.arrived.elapsed(),
+            summary.usage.prompt_tokens,
+            summary.usage.completion_tokens,
+        );
+        summary
     }
 
     /// Requests wait up to `wait` (within their deadline) for a verifier
@@ -144,6 +165,7 @@ impl DecodeLoop {
             output: OutputBuilder::new(&self.tokenizer, request.stop.clone()),
             stats: SpecStats::default(),
             first_token_at: None,
+            last_token_at: None,
             tail: Delta::default(),
         };
         // Verifiers this request failed on, each with its recovery count
@@ -199,7 +221,7 @@ impl DecodeLoop {
                 .instrument(span)
                 .await;
             match outcome {
-                Ok(reason) => return Ok(progress.finish(reason, request, ctx)),
+                Ok(reason) => return Ok(self.finished(progress.finish(reason, request, ctx), ctx)),
                 Err(AttemptError::Fatal(e)) => return Err(e),
                 Err(AttemptError::Full(message)) => {
                     // Refused at admission: nothing ran there, and another
@@ -217,7 +239,8 @@ impl DecodeLoop {
                     failed.push(self.failed_on(&placement));
                     if remaining(request, &progress) == 0 {
                         // Every token arrived; only the final flag was lost.
-                        return Ok(progress.finish(FinishReason::Length, request, ctx));
+                        let summary = progress.finish(FinishReason::Length, request, ctx);
+                        return Ok(self.finished(summary, ctx));
                     }
                     let replacements = lost;
                     lost += 1;
@@ -239,6 +262,7 @@ impl DecodeLoop {
                         %cause,
                         "lost the verifier; resuming the session on another"
                     );
+                    self.metrics.migrated();
                     epoch += 1;
                 }
             }
@@ -271,6 +295,7 @@ impl DecodeLoop {
             speculate: request.speculation.speculates(),
         };
         let placement = self.placer.place(key, failed, epoch)?;
+        self.metrics.placed();
         span.record("verifier", placement.verifier.endpoint());
         if let Some(d) = &placement.drafter {
             span.record("drafter", d.as_str());
@@ -298,7 +323,9 @@ impl DecodeLoop {
                     "session started"
                 ),
                 Event::Committed(step) => {
-                    if let Some(reason) = commit(request, progress, step, sink).await? {
+                    if let Some(reason) =
+                        commit(request, ctx, &self.metrics, progress, step, sink).await?
+                    {
                         // Returning drops `events`, which cancels the call.
                         return Ok(reason);
                     }
@@ -429,17 +456,27 @@ async fn next_event(
 /// the generation is over.
 async fn commit(
     request: &ValidGenerateRequest,
+    ctx: &RequestContext,
+    metrics: &GatewayMetrics,
     progress: &mut Progress,
     step: Committed,
     sink: &mut impl DeltaSink,
 ) -> Result<Option<FinishReason>, AttemptError> {
     progress.stats.record(&step);
+    metrics.step(&step);
     let room = remaining(request, progress);
     // A verifier committing past max_new_tokens is cut at the budget.
     let take = step.tokens.len().min(room);
     let tokens = &step.tokens[..take];
-    if !tokens.is_empty() && progress.first_token_at.is_none() {
-        progress.first_token_at = Some(Instant::now());
+    if !tokens.is_empty() {
+        let now = Instant::now();
+        match progress.last_token_at.replace(now) {
+            Some(previous) => metrics.tokens_after(now - previous, tokens.len()),
+            None => {
+                progress.first_token_at = Some(now);
+                metrics.first_token(now.saturating_duration_since(ctx.arrived));
+            }
+        }
     }
     let delta = progress
         .output

@@ -18,6 +18,7 @@ mod config;
 mod decode;
 mod error;
 mod health;
+mod metrics;
 mod model;
 mod output;
 mod placement;

@@ -51,6 +51,11 @@ pub async fn serve(
         warn!(warning = %warning, "tokenizer");
     }
     let service = GenerationService::new(&config, model)?;
+    if let Some(addr) = config.metrics_listen {
+        let registry = specmesh_server::metrics::registry(&config.model.display().to_string());
+        service.register_metrics(&registry);
+        specmesh_server::metrics::serve("specmesh-gateway", addr, registry).await?;
+    }
     info!(
         max_context = service.limits().max_context,
         verifiers = config.verifiers.len(),

@@ -26,6 +26,7 @@ use crate::config::{Config, ConfigError, DEFAULT_MAX_NEW_TOKENS};
 use crate::decode::{ClientGone, DecodeLoop, DeltaSink, RequestContext, Summary};
 use crate::error::GatewayError;
 use crate::health::{Role, Watches};
+use crate::metrics::GatewayMetrics;
 use crate::model::ModelMeta;
 use crate::output::Delta;
 use crate::placement::Placer;
@@ -52,6 +53,7 @@ struct Shared {
     limiter: Arc<Semaphore>,
     max_concurrent: usize,
     default_timeout: Duration,
+    metrics: GatewayMetrics,
     /// The members' health watches, for as long as the service lives.
     _health: Watches,
 }
@@ -104,13 +106,15 @@ impl GenerationService {
                 health.add(role, member.clone(), channel);
             }
         }
+        let metrics = GatewayMetrics::new();
         let decode = DecodeLoop::new(
             placer,
             verifiers,
             model.tokenizer.clone(),
             config.max_replacements,
         )
-        .with_placement_wait(config.placement_wait);
+        .with_placement_wait(config.placement_wait)
+        .with_metrics(metrics.clone());
         Ok(GenerationService {
             shared: Arc::new(Shared {
                 validator: Validator::new(model.tokenizer, limits),
@@ -118,9 +122,15 @@ impl GenerationService {
                 limiter: Arc::new(Semaphore::new(max_concurrent)),
                 max_concurrent,
                 default_timeout: config.request_timeout,
+                metrics,
                 _health: health,
             }),
         })
+    }
+
+    /// Registers the gateway's metrics with `registry` (`--metrics-listen`).
+    pub fn register_metrics(&self, registry: &prometheus::Registry) {
+        self.shared.metrics.register(registry);
     }
 
     /// The limits requests are validated against (the effective context).
@@ -168,7 +178,7 @@ impl Generation for GenerationService {
                 tag(response.metadata_mut(), &ctx);
                 Ok(response)
             }
-            Err(e) => Err(fail(&e, &ctx)),
+            Err(e) => Err(fail(&shared.metrics, &e, &ctx)),
         }
     }
 
@@ -195,7 +205,7 @@ impl Generation for GenerationService {
             Ok(v) => v,
             Err(e) => {
                 let _entered = span.enter();
-                return Err(fail(&e, &ctx));
+                return Err(fail(&shared.metrics, &e, &ctx));
             }
         };
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
@@ -317,7 +327,7 @@ impl Shared {
                 );
                 Ok(last_chunk(summary, sink.sent))
             }
-            Err(e) => Err(fail(&e, &ctx)),
+            Err(e) => Err(fail(&self.metrics, &e, &ctx)),
         };
         // The client may be gone by now; nothing is left to cancel.
         let _ = tx.send(last).await;
@@ -426,7 +436,8 @@ fn log_finished(ctx: &RequestContext, reason: FinishReason, usage: Usage, spec: 
 
 /// Logs a failed request (server faults as errors, with their detail) and
 /// renders its status.
-fn fail(err: &GatewayError, ctx: &RequestContext) -> Status {
+fn fail(metrics: &GatewayMetrics, err: &GatewayError, ctx: &RequestContext) -> Status {
+    metrics.failed(err.code());
     if err.is_internal() {
         error!(error = %err, "request failed");
     } else {

@@ -38,6 +38,8 @@ pub struct Counters {
     pub decoding: Arc<AtomicUsize>,
     pub steps: AtomicU64,
     pub batches: AtomicU64,
+    /// Batch sizes, forward times and prefilled tokens, for Prometheus.
+    pub metrics: crate::metrics::BatchMetrics,
 }
 
 pub struct PrefillDone {
@@ -225,7 +227,11 @@ fn run(model: &Model, config: BatcherConfig, rx: &mpsc::Receiver<Job>, counters:
                 let _e = job.span.enter();
                 let _c =
                     tracing::info_span!("prefill_chunk", from = job.session.prefilled()).entered();
-                match job.session.prefill_chunk(model, chunk) {
+                let before = job.session.prefilled();
+                let chunked = job.session.prefill_chunk(model, chunk);
+                let done = job.session.prefilled().saturating_sub(before);
+                counters.metrics.prefill_tokens.inc_by(done as u64);
+                match chunked {
                     Ok(false) => continue,
                     Ok(true) => Some(Ok((job.reused, job.started.elapsed().as_secs_f64()))),
                     Err(e) => Some(Err(VerifierError::Model(e.to_string()))),
@@ -257,8 +263,15 @@ fn run_batch(model: &Model, mut batch: Vec<StepJob>, counters: &Counters) {
             .iter_mut()
             .map(|j| (j.session.as_mut(), &j.tree))
             .collect();
-        step_batch(model, &mut items, top_k)
+        let t0 = Instant::now();
+        let result = step_batch(model, &mut items, top_k);
+        counters
+            .metrics
+            .step_seconds
+            .observe(t0.elapsed().as_secs_f64());
+        result
     };
+    counters.metrics.batch_size.observe(n as f64);
     counters.batches.fetch_add(1, Ordering::Relaxed);
     counters.steps.fetch_add(n as u64, Ordering::Relaxed);
     match result {

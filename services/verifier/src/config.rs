@@ -77,6 +77,8 @@ pub struct Args {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// Where to serve Prometheus `/metrics`; `None`: nowhere.
+    pub metrics_listen: Option<SocketAddr>,
     pub model: PathBuf,
     pub threads: Option<usize>,
     pub kv_budget_bytes: u64,
@@ -125,6 +127,7 @@ impl TryFrom<Args> for Config {
             .map_err(|e| ConfigError::CostCurve(format!("{e:#}")))?;
         Ok(Config {
             listen: a.server.listen,
+            metrics_listen: a.server.metrics_listen,
             model: a.model,
             threads: a.threads,
             kv_budget_bytes: a.kv_budget_mib << 20,

@@ -17,6 +17,7 @@ pub mod config;
 mod draft_link;
 mod error;
 mod memory;
+mod metrics;
 mod reattach;
 mod report;
 mod service;
@@ -115,6 +116,14 @@ pub async fn run(
         model,
         config: config.clone(),
     });
+    if let Some(addr) = config.metrics_listen {
+        let registry = specmesh_server::metrics::registry(&state.target.name);
+        state.batcher.counters().metrics.register(&registry);
+        registry
+            .register(Box::new(metrics::StateMetrics::new(Arc::clone(&state))))
+            .context("registering the verifier's metrics")?;
+        specmesh_server::metrics::serve("specmesh-verifier", addr, registry).await?;
+    }
     let listener = specmesh_server::bind(config.listen).await?;
     let limit = specmesh_server::message_bytes(max_context, MESSAGE_OVERHEAD);
     let service = VerifierServer::new(VerifierService::new(Arc::clone(&state)))

@@ -277,6 +277,7 @@ pub fn run(args: Args) -> Result<()> {
                     drafter_cpus: args.drafter_cpus.clone(),
                     drafter_threads: args.drafter_threads,
                     draft_ahead: args.draft_ahead,
+                    metrics: false,
                     timeout: Duration::from_secs(600),
                 })
                 .await?,

@@ -63,11 +63,21 @@ pub fn run(args: Args) -> Result<()> {
             drafter_cpus: args.drafter_cpus,
             drafter_threads: args.drafter_threads,
             draft_ahead: args.draft_ahead,
+            metrics: true,
             timeout: Duration::from_secs(args.start_timeout_secs),
         })
         .await?;
         for s in mesh.verifiers.iter().chain(&mesh.drafters) {
-            println!("{} at {} (pid {})", s.name, s.url(), s.pid().unwrap_or(0));
+            println!(
+                "{} at {} (pid {}) metrics {}",
+                s.name,
+                s.url(),
+                s.pid().unwrap_or(0),
+                s.metrics.as_deref().unwrap_or("-")
+            );
+        }
+        if let Some(m) = &mesh.gateway.metrics {
+            println!("specmesh-gateway metrics {m}");
         }
         println!("specmesh up: gateway listening on {}", mesh.gateway.addr);
         println!("stop with Ctrl-C");
