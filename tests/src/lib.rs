@@ -207,3 +207,23 @@ pub mod load;
 pub mod mesh;
 pub mod service;
 pub mod stats;
+
+/// The ids `specmesh tokenize` gives `text` (raw: no chat template) on the
+/// test model.
+pub fn tokenize(text: &str) -> Vec<u32> {
+    let model = model_path();
+    let out = run([
+        "tokenize",
+        "--json",
+        "--model",
+        model.to_str().unwrap(),
+        text,
+    ]);
+    let v: serde_json::Value = serde_json::from_str(stdout_ok(&out).trim()).expect("JSON output");
+    v["ids"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|t| t.as_u64().expect("a token id") as u32)
+        .collect()
+}

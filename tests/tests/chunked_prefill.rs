@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use specmesh_e2e::service::Service;
-use specmesh_e2e::{model_path, run, stdout_ok};
+use specmesh_e2e::{model_path, tokenize as tokens};
 use specmesh_proto::v1;
 use specmesh_proto::v1::session_event::Event;
 use specmesh_proto::v1::verifier_client::VerifierClient;
@@ -31,24 +31,6 @@ fn long_text(tokens: usize) -> String {
                      to the chain-driven safety bicycle with pneumatic tyres. ";
     // The paragraph is about 40 tokens.
     paragraph.repeat(tokens / 40 + 1)
-}
-
-fn tokens(text: &str) -> Vec<u32> {
-    let model = model_path();
-    let out = run([
-        "tokenize",
-        "--json",
-        "--model",
-        model.to_str().unwrap(),
-        text,
-    ]);
-    let v: serde_json::Value = serde_json::from_str(stdout_ok(&out).trim()).unwrap();
-    v["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect()
 }
 
 fn verifier(chunk: usize) -> Service {

@@ -5,7 +5,7 @@
 //! mid-session.
 
 use specmesh_e2e::service::Service;
-use specmesh_e2e::{model_path, run, stdout_ok};
+use specmesh_e2e::{model_path, tokenize as tokens};
 use specmesh_proto::v1;
 use specmesh_proto::v1::session_event::Event;
 use specmesh_proto::v1::verifier_client::VerifierClient;
@@ -17,24 +17,6 @@ const FLAT_CURVE: &str = "1:1,2:1.01,4:1.02,8:1.04,16:1.08,32:1.16,64:1.32";
 /// of tokens, which the prompt-lookup drafter predicts from the start.
 fn prompt() -> String {
     "the quick brown fox jumps over the lazy dog.\n".repeat(12)
-}
-
-fn tokens(text: &str) -> Vec<u32> {
-    let model = model_path();
-    let out = run([
-        "tokenize",
-        "--json",
-        "--model",
-        model.to_str().unwrap(),
-        text,
-    ]);
-    let v: serde_json::Value = serde_json::from_str(stdout_ok(&out).trim()).unwrap();
-    v["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect()
 }
 
 fn request(tokens: &[u32], draft: Option<v1::DraftPlan>) -> v1::RunRequest {

@@ -106,13 +106,18 @@ impl CpuList {
             else {
                 continue;
             };
-            sched_setaffinity(Pid::from_raw(tid), &set).map_err(|e| match e {
-                nix::errno::Errno::EINVAL => CpuListError::NoSuchCpu {
-                    id: self.0.last().copied().unwrap_or(0),
-                    max: online.saturating_sub(1),
-                },
-                e => CpuListError::Affinity(e.to_string()),
-            })?;
+            match sched_setaffinity(Pid::from_raw(tid), &set) {
+                Ok(()) => {}
+                // The thread ended since the listing: nothing to pin.
+                Err(nix::errno::Errno::ESRCH) => {}
+                Err(nix::errno::Errno::EINVAL) => {
+                    return Err(CpuListError::NoSuchCpu {
+                        id: self.0.last().copied().unwrap_or(0),
+                        max: online.saturating_sub(1),
+                    });
+                }
+                Err(e) => return Err(CpuListError::Affinity(e.to_string())),
+            }
         }
         Ok(())
     }

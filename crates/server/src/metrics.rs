@@ -80,6 +80,15 @@ fn exposition(registry: &Registry) -> impl IntoResponse + use<> {
     }
 }
 
+/// Moves `counter` up to `total`: a service's own running count (an
+/// atomic it keeps anyway), read when Prometheus scrapes.
+pub fn catch_up(counter: &prometheus::IntCounter, total: u64) {
+    let now = counter.get();
+    if total > now {
+        counter.inc_by(total - now);
+    }
+}
+
 /// Registers `metric` with `registry`: names are fixed at compile time, so
 /// a clash is a bug.
 pub fn register<M: prometheus::core::Collector + Clone + 'static>(

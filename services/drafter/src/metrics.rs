@@ -8,6 +8,8 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntCounter, IntGauge};
 
+use specmesh_server::metrics::catch_up;
+
 use crate::stats::Stats;
 
 pub struct StatsMetrics {
@@ -62,14 +64,6 @@ impl StatsMetrics {
             &self.drafted,
             &self.accepted,
         ]
-    }
-}
-
-/// Moves `counter` up to `total` (the stats' own running count).
-fn catch_up(counter: &IntCounter, total: u64) {
-    let now = counter.get();
-    if total > now {
-        counter.inc_by(total - now);
     }
 }
 

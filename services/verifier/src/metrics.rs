@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry};
-use specmesh_server::metrics::register;
+use specmesh_server::metrics::{catch_up, register};
 
 use crate::state::State;
 
@@ -129,14 +129,6 @@ impl StateMetrics {
             &self.reused,
             &self.steps,
         ]
-    }
-}
-
-/// Moves `counter` up to `total` (the state's own running count).
-fn catch_up(counter: &IntCounter, total: u64) {
-    let now = counter.get();
-    if total > now {
-        counter.inc_by(total - now);
     }
 }
 
