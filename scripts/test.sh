@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: builds every binary, installs
 # what the tests need (the catalog's three models via `specmesh model
-# fetch`, cached in ~/.cache/specmesh/models; a Python gRPC client for the
-# reflection test; Debian's prometheus for the metrics test), then runs
-# every test against the real models and the real services. Arguments go
-# to `cargo test`.
+# fetch`, cached in ~/.cache/specmesh/models; a Python environment with a
+# gRPC client, kubectl and the deployment linters; Debian's prometheus and
+# dnsmasq), then runs every test against the real models and the real
+# services. Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +18,8 @@ cargo build --release --locked --workspace --bins
 SPECMESH_MODEL="$(./target/release/specmesh model fetch | tail -n1)"
 export SPECMESH_MODEL
 SPECMESH_TEST_PYTHON="$(scripts/python-env.sh)"
-# Prometheus and promtool (Debian), for the metrics test.
+# Debian's prometheus, promtool and dnsmasq, for the metrics, deployment
+# and DNS membership tests.
 scripts/tools.sh
 export SPECMESH_TEST_PYTHON
 echo "model: $SPECMESH_MODEL"

@@ -28,7 +28,27 @@ impl Service {
         args: &[S],
         env: &[(&str, &str)],
     ) -> Service {
-        let mut cmd = Command::new(binary(name));
+        Service::start_wrapped(&[], name, listen, args, env)
+    }
+
+    /// [`Service::start_at`] through `wrapper` (a command that ends by
+    /// exec'ing its arguments, e.g. `unshare`), run as
+    /// `WRAPPER... BINARY --listen LISTEN ARGS...`.
+    pub fn start_wrapped<S: AsRef<OsStr>>(
+        wrapper: &[&str],
+        name: &str,
+        listen: &str,
+        args: &[S],
+        env: &[(&str, &str)],
+    ) -> Service {
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(rest).arg(binary(name));
+                cmd
+            }
+            None => Command::new(binary(name)),
+        };
         cmd.args(["--listen", listen])
             .args(args)
             .env("SPECMESH_LOG", "warn")

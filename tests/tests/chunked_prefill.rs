@@ -190,8 +190,8 @@ async fn inter_token_latency_of_running_streams_during_a_long_prefill() {
                 tx.clone(),
             );
         }
-        let mut last = vec![None; RUNNING];
-        let mut steps = vec![0usize; RUNNING];
+        let mut last = [None; RUNNING];
+        let mut steps = [0usize; RUNNING];
         while steps.iter().any(|&s| s < 5) {
             if let Some(Seen::Step(i, at, _)) = rx.recv().await {
                 steps[i] += 1;

@@ -3,8 +3,9 @@
 //! and the validated [`Config`] the rest of the crate runs on.
 //!
 //! `Args` is what an operator types; `Config` is what the code may rely on:
-//! at least one verifier, every endpoint a plain `http://host:port` URI, no
-//! duplicates, every limit at least 1. Conversion is the only place that
+//! at least one verifier, every entry a plain `http://host:port` URI or a
+//! `dns:///name:port` name ([`crate::resolve`]), no duplicates, every limit
+//! at least 1. Conversion is the only place that
 //! reads the environment (for the default model path).
 
 use std::net::SocketAddr;
@@ -13,6 +14,8 @@ use std::time::Duration;
 
 use specmesh_server::{ServerArgs, Service};
 use tonic::transport::Uri;
+
+use crate::resolve::MemberSource;
 
 /// The gateway as its command line knows it. In a pod it listens on
 /// `0.0.0.0:50051`; port 0 picks a free port, printed on stdout as
@@ -41,15 +44,22 @@ pub struct Args {
     #[command(flatten)]
     pub server: ServerArgs,
 
-    /// Verifier endpoints, comma-separated (`http://host:port`). In
-    /// Kubernetes: the verifier StatefulSet's pod DNS names.
+    /// Verifiers, comma-separated: `http://host:port` (one member each) or
+    /// `dns:///name:port` (every A/AAAA record of the name, re-resolved
+    /// every --resolve-interval-ms; in Kubernetes the verifiers' headless
+    /// Service).
     #[arg(long, value_delimiter = ',', required = true)]
     pub verifiers: Vec<String>,
 
-    /// Drafter endpoints, comma-separated. None: every request runs plain
-    /// decoding.
+    /// Drafters, comma-separated, in the same forms as --verifiers. None:
+    /// every request runs plain decoding.
     #[arg(long, value_delimiter = ',')]
     pub drafters: Vec<String>,
+
+    /// How often `dns:///` entries are resolved again, in milliseconds: a
+    /// pod that joins or leaves the Service is seen within this time.
+    #[arg(long, default_value_t = 5000)]
+    pub resolve_interval_ms: u64,
 
     /// The model the verifiers serve: a catalog name (`specmesh model
     /// list`), a GGUF file or a Hugging Face directory; only its tokenizer
@@ -109,10 +119,12 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where to serve Prometheus `/metrics`; `None`: nowhere.
     pub metrics_listen: Option<SocketAddr>,
-    /// Verifier endpoints, at least one, as given (trimmed).
-    pub verifiers: Vec<String>,
-    /// Drafter endpoints, possibly none.
-    pub drafters: Vec<String>,
+    /// Verifier entries, at least one, as given (trimmed).
+    pub verifiers: Vec<MemberSource>,
+    /// Drafter entries, possibly none.
+    pub drafters: Vec<MemberSource>,
+    /// How often `dns:///` entries are resolved again.
+    pub resolve_interval: Duration,
     pub model: PathBuf,
     pub max_context: Option<u32>,
     pub max_new_tokens: u32,
@@ -137,7 +149,7 @@ pub enum ConfigError {
         endpoint: String,
         reason: String,
     },
-    #[error("`--{flag}` entry `{endpoint}` must look like http://host:port")]
+    #[error("`--{flag}` entry `{endpoint}` must look like http://host:port or dns:///name:port")]
     EndpointShape {
         flag: &'static str,
         endpoint: String,
@@ -197,6 +209,12 @@ impl TryFrom<Args> for Config {
         )?;
         at_least("max-message-bytes", args.max_message_bytes as u64, 1024)?;
         at_least("connect-timeout-ms", args.connect_timeout_ms, 1)?;
+        at_least("resolve-interval-ms", args.resolve_interval_ms, 100)?;
+        at_most(
+            "resolve-interval-ms",
+            args.resolve_interval_ms,
+            MAX_SECS * 1000,
+        )?;
         if let Some(ctx) = args.max_context {
             at_least("max-context", ctx.into(), 2)?;
         }
@@ -208,6 +226,7 @@ impl TryFrom<Args> for Config {
             metrics_listen: args.server.metrics_listen,
             verifiers,
             drafters,
+            resolve_interval: Duration::from_millis(args.resolve_interval_ms),
             model,
             max_context: args.max_context,
             max_new_tokens: args.max_new_tokens,
@@ -229,8 +248,9 @@ impl Config {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics_listen: None,
-            verifiers,
+            verifiers: verifiers.into_iter().map(MemberSource::Static).collect(),
             drafters: Vec::new(),
+            resolve_interval: Duration::from_secs(5),
             model,
             max_context: None,
             max_new_tokens: 4096,
@@ -246,38 +266,85 @@ impl Config {
     }
 }
 
-/// Parses a comma-separated endpoint list: blanks dropped (an empty env var
-/// means none), every entry `http://host[:port]`, no duplicates.
-fn endpoints(flag: &'static str, raw: &[String]) -> Result<Vec<String>, ConfigError> {
-    let mut out: Vec<String> = Vec::with_capacity(raw.len());
+/// Parses a comma-separated member list: blanks dropped (an empty env var
+/// means none), every entry `http://host[:port]` or `dns:///name:port`, no
+/// duplicates.
+fn endpoints(flag: &'static str, raw: &[String]) -> Result<Vec<MemberSource>, ConfigError> {
+    let mut out: Vec<MemberSource> = Vec::with_capacity(raw.len());
     for entry in raw.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
-        let uri: Uri = entry
-            .parse()
-            .map_err(
-                |e: tonic::codegen::http::uri::InvalidUri| ConfigError::BadEndpoint {
-                    flag,
-                    endpoint: entry.to_owned(),
-                    reason: e.to_string(),
-                },
-            )?;
-        // This build carries no TLS, so https would only fail at connect time.
-        let plain_http = uri.scheme_str() == Some("http");
-        let bare = uri.path_and_query().is_none_or(|p| p.as_str() == "/");
-        if !plain_http || uri.host().is_none() || !bare {
-            return Err(ConfigError::EndpointShape {
-                flag,
-                endpoint: entry.to_owned(),
-            });
-        }
-        if out.iter().any(|e| e == entry) {
+        let source = if entry.starts_with("dns:") {
+            dns_name(flag, entry)?
+        } else {
+            MemberSource::Static(http_endpoint(flag, entry)?)
+        };
+        if out.contains(&source) {
             return Err(ConfigError::DuplicateEndpoint {
                 flag,
                 endpoint: entry.to_owned(),
             });
         }
-        out.push(entry.to_owned());
+        out.push(source);
     }
     Ok(out)
+}
+
+/// `dns:///name:port` (gRPC's target syntax; a DNS server in the authority
+/// is not supported: names resolve through the system's configuration).
+fn dns_name(flag: &'static str, entry: &str) -> Result<MemberSource, ConfigError> {
+    let bad = |reason: &str| ConfigError::BadEndpoint {
+        flag,
+        endpoint: entry.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let Some(rest) = entry.strip_prefix("dns:///") else {
+        return Err(bad(
+            "DNS entries look like dns:///name:port (no DNS server in the entry: the system's resolver is used)",
+        ));
+    };
+    let Some((host, port)) = rest.rsplit_once(':') else {
+        return Err(bad("the port is missing (dns:///name:port)"));
+    };
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or_else(|| bad("the port must be a number from 1 to 65535"))?;
+    let valid = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+    if !valid {
+        return Err(bad(
+            "the name must be a DNS name (letters, digits, '.', '-')",
+        ));
+    }
+    Ok(MemberSource::Dns {
+        host: host.to_owned(),
+        port,
+    })
+}
+
+/// A plain `http://host[:port]` URI with nothing after the authority.
+fn http_endpoint(flag: &'static str, entry: &str) -> Result<String, ConfigError> {
+    let uri: Uri = entry
+        .parse()
+        .map_err(
+            |e: tonic::codegen::http::uri::InvalidUri| ConfigError::BadEndpoint {
+                flag,
+                endpoint: entry.to_owned(),
+                reason: e.to_string(),
+            },
+        )?;
+    // This build carries no TLS, so https would only fail at connect time.
+    let plain_http = uri.scheme_str() == Some("http");
+    let bare = uri.path_and_query().is_none_or(|p| p.as_str() == "/");
+    if !plain_http || uri.host().is_none() || !bare {
+        return Err(ConfigError::EndpointShape {
+            flag,
+            endpoint: entry.to_owned(),
+        });
+    }
+    Ok(entry.to_owned())
 }
 
 fn at_least(flag: &'static str, got: u64, min: u64) -> Result<(), ConfigError> {
@@ -317,8 +384,13 @@ mod tests {
             "http://d-0.d:50061",
         ])
         .unwrap();
-        assert_eq!(c.verifiers, ["http://v-0.v:50052", "http://v-1.v:50052"]);
-        assert_eq!(c.drafters, ["http://d-0.d:50061"]);
+        let names = |l: &[MemberSource]| l.iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert_eq!(
+            names(&c.verifiers),
+            ["http://v-0.v:50052", "http://v-1.v:50052"]
+        );
+        assert_eq!(names(&c.drafters), ["http://d-0.d:50061"]);
+        assert_eq!(c.resolve_interval, Duration::from_secs(5));
         assert_eq!(c.request_timeout, Duration::from_secs(300));
         assert_eq!(c.max_concurrent_requests, 64);
         assert_eq!(c.max_message_bytes, 4 << 20);
@@ -331,7 +403,7 @@ mod tests {
         let err = parse(&["--verifiers", "a:1"]).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "`--verifiers` entry `a:1` must look like http://host:port"
+            "`--verifiers` entry `a:1` must look like http://host:port or dns:///name:port"
         );
         let err = parse(&["--verifiers", "https://a:1"]).unwrap_err();
         assert!(err.to_string().contains("must look like http://"), "{err}");
@@ -345,6 +417,57 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "`--verifiers` must list at least one endpoint"
+        );
+    }
+
+    #[test]
+    fn dns_entries_name_a_host_and_port() {
+        let c = parse(&[
+            "--verifiers",
+            "dns:///specmesh-verifier:50052,http://10.0.0.9:50052",
+            "--drafters",
+            "dns:///specmesh-drafter.ml.svc.cluster.local:50061",
+            "--resolve-interval-ms",
+            "1000",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.verifiers[0],
+            MemberSource::Dns {
+                host: "specmesh-verifier".into(),
+                port: 50052
+            }
+        );
+        assert_eq!(
+            c.verifiers[1],
+            MemberSource::Static("http://10.0.0.9:50052".into())
+        );
+        assert_eq!(
+            c.drafters[0].to_string(),
+            "dns:///specmesh-drafter.ml.svc.cluster.local:50061"
+        );
+        assert_eq!(c.resolve_interval, Duration::from_secs(1));
+        for (entry, why) in [
+            ("dns:///v", "the port is missing"),
+            ("dns:///v:0", "from 1 to 65535"),
+            ("dns:///v:x", "from 1 to 65535"),
+            ("dns://10.0.0.10/v:1", "no DNS server in the entry"),
+            ("dns:///:1", "must be a DNS name"),
+            ("dns:///a/b:1", "must be a DNS name"),
+        ] {
+            let err = parse(&["--verifiers", entry]).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("`--verifiers` entry `{entry}` is not a valid URI"))
+                    && err.contains(why),
+                "{entry}: {err}"
+            );
+        }
+        let err = parse(&["--verifiers", "dns:///v:1,dns:///v:1"]).unwrap_err();
+        assert_eq!(err.to_string(), "`--verifiers` lists `dns:///v:1` twice");
+        let err = parse(&["--verifiers", "dns:///v:1", "--resolve-interval-ms", "10"]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`--resolve-interval-ms` must be at least 100, got 10"
         );
     }
 

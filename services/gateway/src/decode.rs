@@ -19,18 +19,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use specmesh_proto::v1::{
-    self, Committed, DraftPlan, FinishReason, RunRequest, SessionEvent, Usage,
-    session_event::Event, verifier_client::VerifierClient,
+    self, Committed, DraftPlan, FinishReason, RunRequest, SessionEvent, Usage, session_event::Event,
 };
 use specmesh_tokenizer::Tokenizer;
-use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 use tracing::{Instrument, debug, field, info, info_span, warn};
 
 use crate::error::GatewayError;
+use crate::members::Members;
 use crate::metrics::GatewayMetrics;
 use crate::output::{Delta, OutputBuilder};
-use crate::placement::{Placement, PlacementKey, Placer};
+use crate::placement::{FailedOn, Placement, PlacementKey};
 use crate::stats::SpecStats;
 use crate::validation::ValidGenerateRequest;
 
@@ -73,9 +72,8 @@ pub struct Summary {
 /// Runs requests on the verifiers; shared by every request.
 #[derive(Debug)]
 pub struct DecodeLoop {
-    placer: Arc<Placer>,
-    /// One client per configured verifier, indexed like the placer's list.
-    verifiers: Vec<VerifierClient<Channel>>,
+    /// The verifiers and drafters now, with a client per verifier.
+    members: Arc<Members>,
     tokenizer: Tokenizer,
     max_replacements: u32,
     /// How long a request waits for a verifier when none can take it.
@@ -113,16 +111,9 @@ enum AttemptError {
 }
 
 impl DecodeLoop {
-    pub fn new(
-        placer: Arc<Placer>,
-        verifiers: Vec<VerifierClient<Channel>>,
-        tokenizer: Tokenizer,
-        max_replacements: u32,
-    ) -> Self {
-        debug_assert_eq!(placer.verifier_count(), verifiers.len());
+    pub fn new(members: Arc<Members>, tokenizer: Tokenizer, max_replacements: u32) -> Self {
         DecodeLoop {
-            placer,
-            verifiers,
+            members,
             tokenizer,
             max_replacements,
             placement_wait: Duration::ZERO,
@@ -171,7 +162,7 @@ impl DecodeLoop {
         // Verifiers this request failed on, each with its recovery count
         // then: one the health watch has since seen come back up (a
         // restarted pod) may take the request again.
-        let mut failed: Vec<(usize, u64)> = Vec::new();
+        let mut failed: Vec<FailedOn> = Vec::new();
         let mut epoch = 1u64;
         // Verifiers lost so far (bounded by `max_replacements`), and what
         // the last one out of capacity said.
@@ -181,12 +172,7 @@ impl DecodeLoop {
         let mut unplaceable_since: Option<Instant> = None;
         loop {
             let attempts = u32::try_from(failed.len()).unwrap_or(u32::MAX);
-            let exclude: Vec<usize> = failed
-                .iter()
-                .filter(|&&(i, seen)| self.placer.recoveries(i) == seen)
-                .map(|&(i, _)| i)
-                .collect();
-            let Some(placement) = self.place(request, &exclude, epoch) else {
+            let Some(placement) = self.place(request, &failed, epoch) else {
                 // No verifier can take it now (all down, restarting, or
                 // lost by this request and not back yet): wait a while for
                 // one to come back, as pods do in a rolling update.
@@ -231,12 +217,12 @@ impl DecodeLoop {
                         %message,
                         "the verifier is out of capacity; trying another"
                     );
-                    failed.push(self.failed_on(&placement));
+                    failed.push(placement.verifier.failed());
                     full = Some(message);
                     epoch += 1;
                 }
                 Err(AttemptError::Lost(cause)) => {
-                    failed.push(self.failed_on(&placement));
+                    failed.push(placement.verifier.failed());
                     if remaining(request, &progress) == 0 {
                         // Every token arrived; only the final flag was lost.
                         let summary = progress.finish(FinishReason::Length, request, ctx);
@@ -269,17 +255,11 @@ impl DecodeLoop {
         }
     }
 
-    /// The verifier of `placement`, as the request records a failure there.
-    fn failed_on(&self, placement: &Placement) -> (usize, u64) {
-        let index = placement.verifier.index();
-        (index, self.placer.recoveries(index))
-    }
-
     /// Chooses the verifier and drafter for the next attempt.
     fn place(
         &self,
         request: &ValidGenerateRequest,
-        failed: &[usize],
+        failed: &[FailedOn],
         epoch: u64,
     ) -> Option<Placement> {
         let span = info_span!(
@@ -294,7 +274,7 @@ impl DecodeLoop {
             tenant: &request.tenant,
             speculate: request.speculation.speculates(),
         };
-        let placement = self.placer.place(key, failed, epoch)?;
+        let placement = self.members.placer().place(key, failed, epoch)?;
         self.metrics.placed();
         span.record("verifier", placement.verifier.endpoint());
         if let Some(d) = &placement.drafter {
@@ -342,11 +322,11 @@ impl DecodeLoop {
         placement: &Placement,
         progress: &Progress,
     ) -> Result<Streaming<SessionEvent>, AttemptError> {
+        // `None`: the verifier left the list since it was placed on.
         let mut client = self
-            .verifiers
-            .get(placement.verifier.index())
-            .cloned()
-            .ok_or_else(|| AttemptError::Lost("no client for the placed verifier".into()))?;
+            .members
+            .client(placement.verifier.endpoint())
+            .ok_or_else(|| AttemptError::Lost("the verifier left the member list".into()))?;
         let run = run_request(request, ctx, placement, progress.output.committed());
         let mut call = tonic::Request::new(run);
         // The verifier gives up when the caller would.

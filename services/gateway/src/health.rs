@@ -1,4 +1,4 @@
-//! Member health: the gateway watches every configured verifier and
+//! Member health: the gateway watches every verifier and
 //! drafter over `grpc.health.v1.Health/Watch` (the whole server's status,
 //! service `""`) and keeps each member's `healthy` flag, which placement
 //! reads ([`crate::placement`]).
@@ -16,6 +16,7 @@
 //! a gateway that has not heard from them yet still places on them, and a
 //! request that finds one down is re-placed as before.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -33,14 +34,14 @@ const RETRY_MIN: Duration = Duration::from_millis(250);
 const RETRY_MAX: Duration = Duration::from_secs(4);
 
 /// What a member is, for logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
     Verifier,
     Drafter,
 }
 
 impl Role {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Role::Verifier => "verifier",
             Role::Drafter => "drafter",
@@ -48,20 +49,31 @@ impl Role {
     }
 }
 
-/// The running watches; dropping it stops them.
+/// The running watches, one per member; dropping it stops them.
 #[derive(Debug, Default)]
-pub struct Watches(Vec<JoinHandle<()>>);
+pub struct Watches(HashMap<(Role, String), JoinHandle<()>>);
 
 impl Watches {
     /// Starts watching `member` over `channel` (on the current runtime).
     pub fn add(&mut self, role: Role, member: Member, channel: Channel) {
-        self.0.push(tokio::spawn(watch(role, member, channel)));
+        let key = (role, member.endpoint.clone());
+        let task = tokio::spawn(watch(role, member, channel));
+        if let Some(old) = self.0.insert(key, task) {
+            old.abort();
+        }
+    }
+
+    /// Stops watching the member at `endpoint` (it left the list).
+    pub fn remove(&mut self, role: Role, endpoint: &str) {
+        if let Some(task) = self.0.remove(&(role, endpoint.to_owned())) {
+            task.abort();
+        }
     }
 }
 
 impl Drop for Watches {
     fn drop(&mut self) {
-        for task in &self.0 {
+        for task in self.0.values() {
             task.abort();
         }
     }

@@ -10,6 +10,10 @@
 //!                             epoch)
 //! ```
 //!
+//! Beside the request path, `members` keeps the verifiers and drafters
+//! placement chooses from (`health` watches each one, `resolve` re-resolves
+//! `dns:///` entries).
+//!
 //! `main.rs` only parses [`Args`] into a [`Config`] and calls [`run`].
 
 #![forbid(unsafe_code)]
@@ -18,10 +22,12 @@ mod config;
 mod decode;
 mod error;
 mod health;
+mod members;
 mod metrics;
 mod model;
 mod output;
 mod placement;
+mod resolve;
 mod server;
 mod service;
 mod stats;

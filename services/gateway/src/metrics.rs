@@ -5,11 +5,18 @@
 //! equal the sums of the responses' `speculation` statistics. Requests are
 //! counted by their gRPC status code; latencies are histograms.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 use specmesh_proto::v1::Committed;
 use specmesh_server::metrics::register;
+
+use crate::members::Members;
 
 /// Positions past this share one label value (`"64+"`), so a verifier
 /// with deep trees cannot grow the label set without bound.
@@ -176,6 +183,48 @@ impl GatewayMetrics {
 
     pub fn migrated(&self) {
         self.migrations.inc();
+    }
+}
+
+/// `specmesh_gateway_members{role, state}`: the verifiers and drafters the
+/// gateway places on, up or down as its health watch sees them, read at
+/// scrape time (DNS membership changes the counts).
+#[derive(Debug, Clone)]
+pub struct MemberMetrics {
+    members: Arc<Members>,
+    gauge: IntGaugeVec,
+}
+
+impl MemberMetrics {
+    pub fn new(members: Arc<Members>) -> MemberMetrics {
+        let gauge = IntGaugeVec::new(
+            Opts::new(
+                "specmesh_gateway_members",
+                "Verifiers and drafters the gateway knows, by role and health.",
+            ),
+            &["role", "state"],
+        )
+        .expect("a valid gauge");
+        MemberMetrics { members, gauge }
+    }
+}
+
+impl Collector for MemberMetrics {
+    fn desc(&self) -> Vec<&Desc> {
+        self.gauge.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let c = self.members.census();
+        for (role, state, n) in [
+            ("verifier", "up", c.verifiers_up),
+            ("verifier", "down", c.verifiers_down),
+            ("drafter", "up", c.drafters_up),
+            ("drafter", "down", c.drafters_down),
+        ] {
+            self.gauge.with_label_values(&[role, state]).set(n as i64);
+        }
+        self.gauge.collect()
     }
 }
 

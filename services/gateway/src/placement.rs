@@ -3,8 +3,9 @@
 //! * A request with a `session_id` goes to the verifier that rendezvous
 //!   hashing (highest random weight) picks for that id, so every turn of a
 //!   conversation lands where its KV cache is kept. Losing a verifier moves
-//!   only the sessions it owned; every gateway replica computes the same
-//!   choice without coordinating.
+//!   only the sessions it owned, adding one takes only the sessions it now
+//!   wins; every gateway replica computes the same choice without
+//!   coordinating.
 //! * Any other request goes to the verifier with the fewest requests in
 //!   flight from this gateway (ties rotate, so idle pods share the load).
 //! * The drafter is the rendezvous choice for the tenant, so one tenant's
@@ -13,30 +14,34 @@
 //!   left out of both choices until they recover: a session or tenant whose
 //!   member is down moves to the next in its rendezvous order, and back
 //!   when it returns.
+//! * The member lists change while the gateway runs (DNS membership,
+//!   [`crate::members`]): a member that stays keeps its health and load; one
+//!   that leaves gets no new requests, while those it runs go on.
 //!
 //! The hash is FNV-1a with a SplitMix64 finalizer: fixed, so placements are
 //! stable across processes and releases (std's `DefaultHasher` promises
 //! neither).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 
 /// The verifiers and drafters requests may be placed on.
 #[derive(Debug)]
 pub struct Placer {
-    verifiers: Vec<VerifierSlot>,
-    drafters: Vec<Member>,
+    /// Replaced whole on a membership change; placement reads a snapshot.
+    verifiers: RwLock<Arc<[VerifierSlot]>>,
+    drafters: RwLock<Arc<[Member]>>,
     /// Where the least-loaded scan starts, so ties rotate.
     cursor: AtomicUsize,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct VerifierSlot {
     member: Member,
     in_flight: Arc<AtomicUsize>,
 }
 
-/// One configured verifier or drafter, and whether it is up.
+/// One verifier or drafter, and whether it is up. Clones share the state.
 #[derive(Debug, Clone)]
 pub struct Member {
     pub endpoint: String,
@@ -57,7 +62,7 @@ impl Member {
         }
     }
 
-    fn is_healthy(&self) -> bool {
+    pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
     }
 
@@ -68,6 +73,27 @@ impl Member {
             self.recoveries.fetch_add(1, Ordering::Relaxed);
         }
         was != up
+    }
+
+    /// Whether `other` is this member (not merely one at the same
+    /// endpoint that left and came back).
+    fn same(&self, other: &Member) -> bool {
+        Arc::ptr_eq(&self.recoveries, &other.recoveries)
+    }
+}
+
+/// A verifier a request failed on, as it was then: it takes the request
+/// again once the health watch has seen it come back up (a restarted pod),
+/// or once it has left the list and come back as a new member.
+#[derive(Debug, Clone)]
+pub struct FailedOn {
+    member: Member,
+    recoveries: u64,
+}
+
+impl FailedOn {
+    fn excludes(&self, member: &Member) -> bool {
+        self.member.same(member) && member.recoveries.load(Ordering::Relaxed) == self.recoveries
     }
 }
 
@@ -97,19 +123,29 @@ pub struct Placement {
 /// A verifier chosen for a request; counts as in flight until dropped.
 #[derive(Debug)]
 pub struct VerifierLease {
-    index: usize,
-    endpoint: String,
+    member: Member,
     in_flight: Arc<AtomicUsize>,
+    /// Position in the member list when placed (tests read it).
+    #[cfg_attr(not(test), allow(dead_code))]
+    index: usize,
 }
 
 impl VerifierLease {
-    /// Position of the verifier in the configured list.
-    pub fn index(&self) -> usize {
-        self.index
+    pub fn endpoint(&self) -> &str {
+        &self.member.endpoint
     }
 
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
+    /// Records that the request failed here (see [`FailedOn`]).
+    pub fn failed(&self) -> FailedOn {
+        FailedOn {
+            member: self.member.clone(),
+            recoveries: self.member.recoveries.load(Ordering::Relaxed),
+        }
+    }
+
+    #[cfg(test)]
+    pub fn index(&self) -> usize {
+        self.index
     }
 }
 
@@ -119,68 +155,133 @@ impl Drop for VerifierLease {
     }
 }
 
+/// What a membership change did: the members to start and stop watching.
+#[derive(Debug, Default)]
+pub struct Change {
+    pub added: Vec<Member>,
+    pub removed: Vec<Member>,
+}
+
 impl Placer {
     pub fn new(verifiers: Vec<String>, drafters: Vec<String>) -> Self {
-        Placer {
-            verifiers: verifiers
-                .into_iter()
-                .map(|endpoint| VerifierSlot {
-                    member: Member::new(endpoint),
-                    in_flight: Arc::default(),
-                })
-                .collect(),
-            drafters: drafters.into_iter().map(Member::new).collect(),
+        let placer = Placer {
+            verifiers: RwLock::new(Arc::from([])),
+            drafters: RwLock::new(Arc::from([])),
             cursor: AtomicUsize::new(0),
-        }
+        };
+        placer.set_verifiers(&verifiers);
+        placer.set_drafters(&drafters);
+        placer
     }
 
-    pub fn verifier_count(&self) -> usize {
-        self.verifiers.len()
+    /// Makes `endpoints` the verifiers, in that order. A verifier that
+    /// stays keeps its state (health, requests in flight); one that leaves
+    /// gets no new requests, its running ones go on.
+    pub fn set_verifiers(&self, endpoints: &[String]) -> Change {
+        let mut list = write(&self.verifiers);
+        let mut change = Change::default();
+        let next: Arc<[VerifierSlot]> = endpoints
+            .iter()
+            .map(|endpoint| {
+                list.iter()
+                    .find(|v| &v.member.endpoint == endpoint)
+                    .cloned()
+                    .unwrap_or_else(|| {
+                        let member = Member::new(endpoint.clone());
+                        change.added.push(member.clone());
+                        VerifierSlot {
+                            member,
+                            in_flight: Arc::default(),
+                        }
+                    })
+            })
+            .collect();
+        change.removed = list
+            .iter()
+            .filter(|v| !endpoints.contains(&v.member.endpoint))
+            .map(|v| v.member.clone())
+            .collect();
+        *list = next;
+        change
     }
 
-    /// The verifiers, in the configured order, for the health watch.
-    pub fn verifiers(&self) -> impl Iterator<Item = &Member> {
-        self.verifiers.iter().map(|v| &v.member)
+    /// Makes `endpoints` the drafters, in that order (see
+    /// [`Placer::set_verifiers`]).
+    pub fn set_drafters(&self, endpoints: &[String]) -> Change {
+        let mut list = write(&self.drafters);
+        let mut change = Change::default();
+        let next: Arc<[Member]> = endpoints
+            .iter()
+            .map(|endpoint| {
+                list.iter()
+                    .find(|d| &d.endpoint == endpoint)
+                    .cloned()
+                    .unwrap_or_else(|| {
+                        let member = Member::new(endpoint.clone());
+                        change.added.push(member.clone());
+                        member
+                    })
+            })
+            .collect();
+        change.removed = list
+            .iter()
+            .filter(|d| !endpoints.contains(&d.endpoint))
+            .cloned()
+            .collect();
+        *list = next;
+        change
     }
 
-    /// The drafters, in the configured order, for the health watch.
-    pub fn drafters(&self) -> impl Iterator<Item = &Member> {
-        self.drafters.iter()
+    /// The verifiers now, in list order.
+    pub fn verifiers(&self) -> Vec<Member> {
+        read(&self.verifiers)
+            .iter()
+            .map(|v| v.member.clone())
+            .collect()
     }
 
-    /// Times verifier `index` came back up after being down (see
-    /// [`Member::recoveries`]).
-    pub fn recoveries(&self, index: usize) -> u64 {
-        self.verifiers
-            .get(index)
-            .map_or(0, |v| v.member.recoveries.load(Ordering::Relaxed))
+    /// The drafters now, in list order.
+    pub fn drafters(&self) -> Vec<Member> {
+        read(&self.drafters).to_vec()
     }
 
     /// Requests from this gateway running on verifier `index` now.
+    #[cfg(test)]
     pub fn in_flight(&self, index: usize) -> usize {
-        self.verifiers
+        read(&self.verifiers)
             .get(index)
             .map_or(0, |v| v.in_flight.load(Ordering::Relaxed))
     }
 
-    /// Places a request, avoiding the verifiers in `exclude` (those that
-    /// already failed it) and those found down. `None` when no verifier is
-    /// left.
-    pub fn place(&self, key: PlacementKey<'_>, exclude: &[usize], epoch: u64) -> Option<Placement> {
-        let mut exclude = exclude.to_vec();
-        exclude
-            .extend((0..self.verifiers.len()).filter(|&i| !self.verifiers[i].member.is_healthy()));
-        let exclude = exclude.as_slice();
+    /// Places a request, avoiding the verifiers it `failed` on (until they
+    /// recover) and those found down. `None` when no verifier is left.
+    pub fn place(
+        &self,
+        key: PlacementKey<'_>,
+        failed: &[FailedOn],
+        epoch: u64,
+    ) -> Option<Placement> {
+        let verifiers = read(&self.verifiers);
+        let exclude: Vec<usize> = verifiers
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.member.is_healthy() || failed.iter().any(|f| f.excludes(&v.member)))
+            .map(|(i, _)| i)
+            .collect();
         let index = match key.session_id {
-            Some(id) => self.rendezvous_verifier(id, exclude),
-            None => self.least_loaded(exclude),
+            Some(id) => rendezvous(
+                id,
+                verifiers.iter().map(|v| v.member.endpoint.as_str()),
+                &exclude,
+            ),
+            None => self.least_loaded(&verifiers, &exclude),
         }?;
-        let slot = self.verifiers.get(index)?;
+        let slot = verifiers.get(index)?;
         slot.in_flight.fetch_add(1, Ordering::Relaxed);
         let verifier = VerifierLease {
-            index,
-            endpoint: slot.member.endpoint.clone(),
+            member: slot.member.clone(),
             in_flight: slot.in_flight.clone(),
+            index,
         };
         // No drafter up: plain decoding, nothing to re-attach to either.
         let order = if key.speculate {
@@ -205,16 +306,16 @@ impl Placer {
 
     /// The tenant's drafter, `None` when none is configured or up.
     #[cfg(test)]
-    pub fn drafter(&self, tenant: &str) -> Option<&str> {
+    pub fn drafter(&self, tenant: &str) -> Option<String> {
         let first = self.drafter_order(tenant).into_iter().next()?;
-        first.is_healthy().then_some(first.endpoint.as_str())
+        first.is_healthy().then_some(first.endpoint)
     }
 
     /// Every drafter in the tenant's order: those up by rendezvous score
     /// (the first is the tenant's drafter), then those down by theirs.
-    fn drafter_order(&self, tenant: &str) -> Vec<&Member> {
-        let mut order: Vec<(bool, std::cmp::Reverse<u64>, usize)> = self
-            .drafters
+    fn drafter_order(&self, tenant: &str) -> Vec<Member> {
+        let drafters = read(&self.drafters);
+        let mut order: Vec<(bool, std::cmp::Reverse<u64>, usize)> = drafters
             .iter()
             .enumerate()
             .map(|(i, d)| {
@@ -228,20 +329,12 @@ impl Placer {
         order.sort_unstable();
         order
             .into_iter()
-            .map(|(_, _, i)| &self.drafters[i])
+            .map(|(_, _, i)| drafters[i].clone())
             .collect()
     }
 
-    fn rendezvous_verifier(&self, session_id: &str, exclude: &[usize]) -> Option<usize> {
-        rendezvous(
-            session_id,
-            self.verifiers.iter().map(|v| v.member.endpoint.as_str()),
-            exclude,
-        )
-    }
-
-    fn least_loaded(&self, exclude: &[usize]) -> Option<usize> {
-        let n = self.verifiers.len();
+    fn least_loaded(&self, verifiers: &[VerifierSlot], exclude: &[usize]) -> Option<usize> {
+        let n = verifiers.len();
         if n == 0 {
             return None;
         }
@@ -249,8 +342,18 @@ impl Placer {
         (0..n)
             .map(|i| (start + i) % n)
             .filter(|i| !exclude.contains(i))
-            .min_by_key(|&i| self.in_flight(i))
+            .min_by_key(|&i| verifiers[i].in_flight.load(Ordering::Relaxed))
     }
+}
+
+/// A snapshot of a member list (a poisoned lock still holds a whole list:
+/// writers replace it in one store).
+fn read<T: ?Sized>(list: &RwLock<Arc<T>>) -> Arc<T> {
+    list.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+fn write<T: ?Sized>(list: &RwLock<Arc<T>>) -> std::sync::RwLockWriteGuard<'_, Arc<T>> {
+    list.write().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The node with the highest hash of (key, node), skipping `exclude`.
@@ -287,230 +390,4 @@ fn splitmix64(mut x: u64) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn endpoints(n: usize) -> Vec<String> {
-        (0..n)
-            .map(|i| format!("http://verifier-{i}.verifier:50052"))
-            .collect()
-    }
-
-    fn session(id: &str) -> PlacementKey<'_> {
-        PlacementKey {
-            session_id: Some(id),
-            tenant: "",
-            speculate: true,
-        }
-    }
-
-    const ANON: PlacementKey<'static> = PlacementKey {
-        session_id: None,
-        tenant: "",
-        speculate: true,
-    };
-
-    #[test]
-    fn a_session_always_lands_on_the_same_verifier() {
-        let placer = Placer::new(endpoints(4), Vec::new());
-        for i in 0..50 {
-            let id = format!("session-{i}");
-            let first = placer.place(session(&id), &[], 1).unwrap().verifier.index();
-            for _ in 0..3 {
-                assert_eq!(
-                    placer.place(session(&id), &[], 1).unwrap().verifier.index(),
-                    first
-                );
-            }
-            // Another gateway replica (a fresh placer) agrees.
-            let other = Placer::new(endpoints(4), Vec::new());
-            assert_eq!(
-                other.place(session(&id), &[], 1).unwrap().verifier.index(),
-                first
-            );
-        }
-    }
-
-    #[test]
-    fn the_hash_is_pinned() {
-        // Changing the hash re-homes every session in a rolling upgrade.
-        assert_eq!(
-            score("session-1", "http://verifier-0.verifier:50052"),
-            0xaf8c_1ed5_7b92_8389
-        );
-        assert_ne!(score("ab", "c"), score("a", "bc"));
-        assert_eq!(splitmix64(1), 0x5692_161d_100b_05e5);
-    }
-
-    #[test]
-    fn sessions_spread_and_only_a_lost_verifiers_sessions_move() {
-        let placer = Placer::new(endpoints(4), Vec::new());
-        let ids: Vec<String> = (0..2000).map(|i| format!("s{i}")).collect();
-        let home: Vec<usize> = ids
-            .iter()
-            .map(|id| placer.place(session(id), &[], 1).unwrap().verifier.index())
-            .collect();
-        for v in 0..4 {
-            let share = home.iter().filter(|&&h| h == v).count();
-            assert!(
-                (350..650).contains(&share),
-                "verifier {v} got {share} of 2000"
-            );
-        }
-        // Excluding verifier 2 (it failed) moves its sessions and no others.
-        for (id, &h) in ids.iter().zip(&home) {
-            let moved = placer.place(session(id), &[2], 2).unwrap().verifier.index();
-            if h == 2 {
-                assert_ne!(moved, 2);
-            } else {
-                assert_eq!(moved, h);
-            }
-        }
-    }
-
-    #[test]
-    fn without_a_session_the_least_loaded_verifier_wins() {
-        let placer = Placer::new(endpoints(3), Vec::new());
-        let a = placer.place(ANON, &[], 1).unwrap();
-        let b = placer.place(ANON, &[], 1).unwrap();
-        let c = placer.place(ANON, &[], 1).unwrap();
-        let mut used = [a.verifier.index(), b.verifier.index(), c.verifier.index()];
-        used.sort_unstable();
-        assert_eq!(used, [0, 1, 2], "idle verifiers share the load");
-        assert!((0..3).all(|i| placer.in_flight(i) == 1));
-
-        let freed = b.verifier.index();
-        drop(b);
-        assert_eq!(placer.in_flight(freed), 0);
-        let d = placer.place(ANON, &[], 1).unwrap();
-        assert_eq!(d.verifier.index(), freed);
-        // Excluding the only idle one falls back to a busy one.
-        let e = placer.place(ANON, &[freed], 1).unwrap();
-        assert_ne!(e.verifier.index(), freed);
-        drop((a, c, d, e));
-        assert!((0..3).all(|i| placer.in_flight(i) == 0));
-    }
-
-    #[test]
-    fn no_verifier_left_is_none() {
-        let placer = Placer::new(endpoints(2), Vec::new());
-        assert!(placer.place(ANON, &[0, 1], 1).is_none());
-        assert!(placer.place(session("x"), &[1, 0], 1).is_none());
-        assert!(
-            Placer::new(Vec::new(), Vec::new())
-                .place(ANON, &[], 1)
-                .is_none()
-        );
-    }
-
-    #[test]
-    fn a_tenant_keeps_its_drafter_and_off_means_none() {
-        let drafters: Vec<String> = (0..3).map(|i| format!("http://d-{i}:50061")).collect();
-        let placer = Placer::new(endpoints(2), drafters.clone());
-        let first = placer.drafter("acme").unwrap().to_owned();
-        for _ in 0..5 {
-            let p = placer
-                .place(
-                    PlacementKey {
-                        session_id: None,
-                        tenant: "acme",
-                        speculate: true,
-                    },
-                    &[],
-                    1,
-                )
-                .unwrap();
-            assert_eq!(p.drafter.as_deref(), Some(first.as_str()));
-            assert_eq!(p.epoch, 1);
-        }
-        let tenants: std::collections::HashSet<&str> = (0..60)
-            .map(|i| placer.drafter(&format!("tenant-{i}")).unwrap())
-            .collect();
-        assert_eq!(tenants.len(), 3, "tenants spread over the drafters");
-        let off = placer
-            .place(
-                PlacementKey {
-                    session_id: None,
-                    tenant: "acme",
-                    speculate: false,
-                },
-                &[],
-                1,
-            )
-            .unwrap();
-        assert_eq!(off.drafter, None);
-        let no_drafters = Placer::new(endpoints(1), Vec::new());
-        assert_eq!(no_drafters.place(ANON, &[], 1).unwrap().drafter, None);
-    }
-
-    #[test]
-    fn members_found_down_are_left_out_until_they_recover() {
-        let drafters: Vec<String> = (0..3).map(|i| format!("http://d-{i}:50061")).collect();
-        let placer = Placer::new(endpoints(3), drafters);
-        let down = |p: &Placer, i: usize, up: bool| {
-            p.verifiers()
-                .nth(i)
-                .unwrap()
-                .healthy
-                .store(up, Ordering::Relaxed)
-        };
-        // A session whose verifier is down moves, and comes back.
-        let home = placer
-            .place(session("s-7"), &[], 1)
-            .unwrap()
-            .verifier
-            .index();
-        down(&placer, home, false);
-        let moved = placer
-            .place(session("s-7"), &[], 1)
-            .unwrap()
-            .verifier
-            .index();
-        assert_ne!(moved, home);
-        for _ in 0..10 {
-            assert_ne!(placer.place(ANON, &[], 1).unwrap().verifier.index(), home);
-        }
-        down(&placer, home, true);
-        assert_eq!(
-            placer
-                .place(session("s-7"), &[], 1)
-                .unwrap()
-                .verifier
-                .index(),
-            home
-        );
-        // Every verifier down: nothing to place on.
-        (0..3).for_each(|i| down(&placer, i, false));
-        assert!(placer.place(ANON, &[], 1).is_none());
-        (0..3).for_each(|i| down(&placer, i, true));
-
-        // A tenant whose drafter is down gets the next one; none up: plain.
-        let first = placer.drafter("acme").unwrap().to_owned();
-        let member = placer.drafters().find(|d| d.endpoint == first).unwrap();
-        member.healthy.store(false, Ordering::Relaxed);
-        let second = placer.drafter("acme").unwrap().to_owned();
-        assert_ne!(second, first);
-        // The verifier re-attaches to the others if it loses its drafter:
-        // those up first, the down one last.
-        let acme = PlacementKey {
-            session_id: None,
-            tenant: "acme",
-            speculate: true,
-        };
-        let p = placer.place(acme, &[], 1).unwrap();
-        assert_eq!(p.drafter.as_deref(), Some(second.as_str()));
-        assert_eq!(p.fallback_drafters.len(), 2);
-        assert_eq!(p.fallback_drafters[1], first);
-        assert!(!p.fallback_drafters.contains(&second));
-        member.healthy.store(true, Ordering::Relaxed);
-        let p = placer.place(acme, &[], 1).unwrap();
-        assert_eq!(p.drafter.as_deref(), Some(first.as_str()));
-        assert_eq!(p.fallback_drafters[0], second, "the tenant's order");
-        assert_eq!(placer.drafter("acme").unwrap(), first);
-        placer
-            .drafters()
-            .for_each(|d| d.healthy.store(false, Ordering::Relaxed));
-        let p = placer.place(acme, &[], 1).unwrap();
-        assert_eq!((p.drafter, p.fallback_drafters.len()), (None, 0));
-    }
-}
+mod tests;

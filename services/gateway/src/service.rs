@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use specmesh_proto::v1::generation_server::Generation;
-use specmesh_proto::v1::verifier_client::VerifierClient;
 use specmesh_proto::v1::{
     FinishReason, GenerateChunk, GenerateRequest, GenerateResponse, SpeculationStats, Usage,
 };
@@ -25,11 +24,12 @@ use tracing::{Instrument, Span, error, field, info, info_span};
 use crate::config::{Config, ConfigError, DEFAULT_MAX_NEW_TOKENS};
 use crate::decode::{ClientGone, DecodeLoop, DeltaSink, RequestContext, Summary};
 use crate::error::GatewayError;
-use crate::health::{Role, Watches};
-use crate::metrics::GatewayMetrics;
+use crate::health::Role;
+use crate::members::{ClientSettings, Members};
+use crate::metrics::{GatewayMetrics, MemberMetrics};
 use crate::model::ModelMeta;
 use crate::output::Delta;
-use crate::placement::Placer;
+use crate::resolve::{self, MemberSource, Sources};
 use crate::validation::{Limits, ValidGenerateRequest, Validator};
 
 /// Chunks buffered between the decode loop and a slow streaming client;
@@ -54,8 +54,20 @@ struct Shared {
     max_concurrent: usize,
     default_timeout: Duration,
     metrics: GatewayMetrics,
-    /// The members' health watches, for as long as the service lives.
-    _health: Watches,
+    /// The verifiers and drafters now (their health watches stop with it).
+    members: Arc<Members>,
+    /// Re-resolves `dns:///` entries for as long as the service lives.
+    _resolve: Option<AbortOnDrop>,
+}
+
+/// A background task that stops with its owner.
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl GenerationService {
@@ -64,17 +76,6 @@ impl GenerationService {
     /// pod), so a verifier that is down at start only fails the requests
     /// placed on it, and a lost one's sessions move elsewhere.
     pub fn new(config: &Config, model: ModelMeta) -> Result<Self, ConfigError> {
-        let mut verifiers = Vec::with_capacity(config.verifiers.len());
-        let mut channels = Vec::with_capacity(config.verifiers.len() + config.drafters.len());
-        for endpoint in &config.verifiers {
-            let channel = member_channel(config, "verifiers", endpoint)?;
-            channels.push((Role::Verifier, channel.clone()));
-            verifiers.push(
-                VerifierClient::new(channel)
-                    .max_decoding_message_size(config.max_message_bytes)
-                    .max_encoding_message_size(config.max_message_bytes),
-            );
-        }
         // `Config::try_from` checks this range; a hand-built Config is
         // clamped rather than allowed to panic the semaphore.
         let max_concurrent = config
@@ -90,26 +91,41 @@ impl GenerationService {
             default_max_new_tokens: DEFAULT_MAX_NEW_TOKENS,
             max_draft_tokens: config.max_draft_tokens,
         };
-        for endpoint in &config.drafters {
-            channels.push((Role::Drafter, member_channel(config, "drafters", endpoint)?));
-        }
-        let placer = Arc::new(Placer::new(
-            config.verifiers.clone(),
-            config.drafters.clone(),
-        ));
-        let mut health = Watches::default();
-        // Watching needs a runtime; a service built outside one (never the
-        // server's case) places on every member unwatched.
-        if tokio::runtime::Handle::try_current().is_ok() {
-            let members = placer.verifiers().chain(placer.drafters());
-            for (member, (role, channel)) in members.zip(channels) {
-                health.add(role, member.clone(), channel);
+        // Static entries are checked here, so a bad one fails the start.
+        for (flag, sources) in [
+            ("verifiers", &config.verifiers),
+            ("drafters", &config.drafters),
+        ] {
+            for source in sources {
+                if let MemberSource::Static(endpoint) = source {
+                    specmesh_server::client::channel(endpoint, config.connect_timeout).map_err(
+                        |e| ConfigError::BadEndpoint {
+                            flag,
+                            endpoint: e.endpoint,
+                            reason: e.reason,
+                        },
+                    )?;
+                }
             }
         }
+        let members = Arc::new(Members::new(ClientSettings {
+            connect_timeout: config.connect_timeout,
+            max_message_bytes: config.max_message_bytes,
+        }));
+        let sources = Sources {
+            verifiers: config.verifiers.clone(),
+            drafters: config.drafters.clone(),
+            interval: config.resolve_interval,
+        };
+        members.set(Role::Verifier, &sources.initial(Role::Verifier));
+        members.set(Role::Drafter, &sources.initial(Role::Drafter));
+        // Resolving needs a runtime; a service built outside one (never the
+        // server's case) has its static members only.
+        let resolve = (sources.is_dynamic() && tokio::runtime::Handle::try_current().is_ok())
+            .then(|| AbortOnDrop(tokio::spawn(resolve::run(members.clone(), sources))));
         let metrics = GatewayMetrics::new();
         let decode = DecodeLoop::new(
-            placer,
-            verifiers,
+            members.clone(),
             model.tokenizer.clone(),
             config.max_replacements,
         )
@@ -123,7 +139,8 @@ impl GenerationService {
                 max_concurrent,
                 default_timeout: config.request_timeout,
                 metrics,
-                _health: health,
+                members,
+                _resolve: resolve,
             }),
         })
     }
@@ -131,6 +148,10 @@ impl GenerationService {
     /// Registers the gateway's metrics with `registry` (`--metrics-listen`).
     pub fn register_metrics(&self, registry: &prometheus::Registry) {
         self.shared.metrics.register(registry);
+        specmesh_server::metrics::register(
+            registry,
+            MemberMetrics::new(self.shared.members.clone()),
+        );
     }
 
     /// The limits requests are validated against (the effective context).
@@ -405,21 +426,6 @@ fn last_chunk(summary: Summary, offset: u32) -> GenerateChunk {
         speculation: Some(summary.speculation),
         token_offset: offset,
     }
-}
-
-/// The channel to a member given by `--flag` (lazy: see `new`).
-fn member_channel(
-    config: &Config,
-    flag: &'static str,
-    endpoint: &str,
-) -> Result<tonic::transport::Channel, ConfigError> {
-    specmesh_server::client::channel(endpoint, config.connect_timeout).map_err(|e| {
-        ConfigError::BadEndpoint {
-            flag,
-            endpoint: e.endpoint,
-            reason: e.reason,
-        }
-    })
 }
 
 /// Logs a finished request once (in the request span).

@@ -15,26 +15,14 @@ use crate::validation::ValidSpeculation;
 const PROMPT: &str = "Q: ";
 
 fn decode_loop(verifiers: &[&str], drafters: &[&str], max_replacements: u32) -> DecodeLoop {
-    let clients = verifiers
-        .iter()
-        .map(|e| {
-            let channel = tonic::transport::Endpoint::from_shared((*e).to_owned())
-                .unwrap()
-                .connect_timeout(Duration::from_secs(1))
-                .connect_lazy();
-            VerifierClient::new(channel)
-        })
-        .collect();
-    let placer = Placer::new(
-        verifiers.iter().map(|e| (*e).to_owned()).collect(),
-        drafters.iter().map(|e| (*e).to_owned()).collect(),
-    );
-    DecodeLoop::new(
-        Arc::new(placer),
-        clients,
-        testing::tokenizer(),
-        max_replacements,
-    )
+    let members = Members::new(crate::members::ClientSettings {
+        connect_timeout: Duration::from_secs(1),
+        max_message_bytes: 4 << 20,
+    });
+    let list = |l: &[&str]| l.iter().map(|e| (*e).to_owned()).collect::<Vec<_>>();
+    members.set(crate::health::Role::Verifier, &list(verifiers));
+    members.set(crate::health::Role::Drafter, &list(drafters));
+    DecodeLoop::new(Arc::new(members), testing::tokenizer(), max_replacements)
 }
 
 fn request(max_new_tokens: u32, stop: &[&str]) -> ValidGenerateRequest {
@@ -313,7 +301,7 @@ async fn re_placements_are_bounded() {
 async fn a_request_waits_for_a_verifier_to_come_back() {
     let v = spawn_verifier(vec![vec![started(), finished(0, "ok")]]).await;
     let dl = decode_loop(&[&v.endpoint], &[], 2);
-    let member = dl.placer.verifiers().next().unwrap().clone();
+    let member = dl.members.placer().verifiers()[0].clone();
     member.set_healthy(false);
     let err = dl
         .run(&request(4, &[]), &ctx(), &mut TestSink::default())

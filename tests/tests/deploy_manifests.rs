@@ -1,0 +1,439 @@
+//! The deployment artifacts, checked without a cluster or a registry: the
+//! kustomize overlays render and pass strict schema validation for
+//! Kubernetes 1.30 and 1.35 (and a manifest with an unknown field does not),
+//! every Deployment is probed over gRPC, runs unprivileged on a read-only
+//! root filesystem and is sized, the gateway finds verifiers and drafters
+//! through headless Services by `dns:///` names, the alert rules pass
+//! promtool's check and unit tests, the dashboard and the alerts name only
+//! metrics the services define, and the Dockerfile passes hadolint.
+//!
+//! Tools: `promtool` (scripts/tools.sh), and `kubectl` (with kustomize;
+//! `SPECMESH_KUBECTL` overrides it), `kubernetes-validate`, `hadolint` and
+//! PyYAML from the Python environment of tests/python/requirements.txt
+//! (`SPECMESH_TEST_PYTHON`; its tools are looked up next to the interpreter
+//! or in `SPECMESH_TOOLS_BIN`). `scripts/check-deploy.sh` runs the same
+//! checks from the shell. No specmesh binary is needed.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+const K8S_VERSIONS: [&str; 2] = ["1.30.0", "1.35.0"];
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `SPECMESH_TEST_PYTHON`: an interpreter with PyYAML (scripts/python-env.sh).
+fn python() -> String {
+    std::env::var("SPECMESH_TEST_PYTHON").unwrap_or_else(|_| {
+        let home = std::env::var("HOME").unwrap_or_default();
+        format!("{home}/.cache/specmesh/venv-grpc/bin/python")
+    })
+}
+
+/// A tool of the Python environment: in `SPECMESH_TOOLS_BIN`, else next to
+/// the interpreter.
+fn venv_tool(name: &str) -> PathBuf {
+    let bin = std::env::var_os("SPECMESH_TOOLS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(python())
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default()
+        });
+    bin.join(name)
+}
+
+/// Runs `cmd` in the repository root, feeding it `stdin`.
+fn run(cmd: &mut Command, stdin: Option<&[u8]>) -> Output {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .current_dir(repo())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e} (the tools are listed atop this file)"));
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().unwrap();
+        let input = input.to_vec();
+        std::thread::spawn(move || {
+            let _ = pipe.write_all(&input);
+        });
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The stdout of a command that must have succeeded.
+fn succeed(what: &str, out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Every overlay under deploy/k8s/overlays.
+fn overlays() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(repo().join("deploy/k8s/overlays"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(
+        names.len() >= 2,
+        "expected the dev and production overlays, found {names:?}"
+    );
+    names
+}
+
+/// `kubectl kustomize` of an overlay: its manifests as one YAML stream.
+fn render(overlay: &str) -> String {
+    let kubectl = std::env::var_os("SPECMESH_KUBECTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| venv_tool("kubectl"));
+    let dir = format!("deploy/k8s/overlays/{overlay}");
+    let out = run(
+        Command::new(kubectl).args(["kustomize", dir.as_str()]),
+        None,
+    );
+    succeed(&format!("kubectl kustomize {dir}"), out)
+}
+
+/// The documents of a YAML stream, through PyYAML.
+fn documents(yaml: &str) -> Vec<Value> {
+    const TO_JSON: &str = "import json, sys, yaml\njson.dump([d for d in yaml.safe_load_all(sys.stdin) if d], sys.stdout)";
+    let out = run(
+        Command::new(python()).args(["-c", TO_JSON]),
+        Some(yaml.as_bytes()),
+    );
+    let json = succeed("PyYAML (set SPECMESH_TEST_PYTHON)", out);
+    match serde_json::from_str::<Value>(&json).unwrap() {
+        Value::Array(docs) => docs,
+        other => panic!("expected a list of documents, got {other}"),
+    }
+}
+
+/// `kubernetes-validate --strict` of `manifests` against Kubernetes `version`.
+fn validate(manifests: &str, version: &str) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("manifests.yaml");
+    std::fs::write(&file, manifests).unwrap();
+    run(
+        Command::new(venv_tool("kubernetes-validate"))
+            .args(["--strict", "--quiet", "-k", version])
+            .arg(&file),
+        None,
+    )
+}
+
+/// The `data` of the ConfigMap a container reads through `envFrom`.
+fn config_of<'a>(docs: &'a [Value], container: &Value) -> &'a Value {
+    let name = &container["envFrom"][0]["configMapRef"]["name"];
+    let map = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == *name)
+        .unwrap_or_else(|| panic!("no ConfigMap {name} for container {}", container["name"]));
+    &map["data"]
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// The port named `grpc` of a container or Service.
+fn grpc_port(ports: &Value, field: &str) -> u64 {
+    let ports = ports.as_array().expect("ports");
+    let grpc = ports
+        .iter()
+        .find(|p| p["name"] == "grpc")
+        .expect("a port named grpc");
+    grpc[field].as_u64().unwrap()
+}
+
+#[test]
+fn overlays_render_and_pass_strict_validation() {
+    for overlay in overlays() {
+        let manifests = render(&overlay);
+        assert!(
+            manifests.contains("kind: Deployment"),
+            "{overlay} renders no Deployment"
+        );
+        for version in K8S_VERSIONS {
+            let what = format!("kubernetes-validate --strict -k {version} of overlay {overlay}");
+            succeed(&what, validate(&manifests, version));
+        }
+    }
+}
+
+/// Documents as a YAML stream: JSON is YAML, one document per line.
+fn stream(docs: &[Value]) -> String {
+    docs.iter()
+        .map(Value::to_string)
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
+
+#[test]
+fn strict_validation_rejects_an_unknown_field() {
+    let mut docs = documents(&render("dev"));
+    for version in K8S_VERSIONS {
+        succeed(
+            "validating the unchanged documents",
+            validate(&stream(&docs), version),
+        );
+    }
+    // A classic typo that non-strict validation (and an API server without
+    // field validation) lets through: the root filesystem stays writable.
+    let deployment = docs.iter_mut().find(|d| d["kind"] == "Deployment").unwrap();
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFileSystem"] =
+        Value::Bool(true);
+    for version in K8S_VERSIONS {
+        let out = validate(&stream(&docs), version);
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !out.status.success(),
+            "-k {version} accepted an unknown field: {said}"
+        );
+        assert!(
+            said.contains("readOnlyRootFileSystem"),
+            "-k {version}: {said}"
+        );
+    }
+}
+
+#[test]
+fn deployments_are_probed_unprivileged_read_only_and_sized() {
+    for overlay in overlays() {
+        let docs = documents(&render(&overlay));
+        let deployments: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "Deployment").collect();
+        assert_eq!(
+            deployments.len(),
+            3,
+            "{overlay}: the gateway, verifier and drafter"
+        );
+        for d in deployments {
+            let name = format!("{overlay}/{}", d["metadata"]["name"]);
+            let pod = &d["spec"]["template"]["spec"];
+            assert_eq!(pod["automountServiceAccountToken"], false, "{name}");
+            assert_eq!(pod["enableServiceLinks"], false, "{name}");
+            let psc = &pod["securityContext"];
+            assert_eq!(psc["runAsNonRoot"], true, "{name}");
+            assert_eq!(psc["runAsUser"].as_u64(), Some(65532), "{name}");
+            assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault", "{name}");
+            let main = pod["containers"].as_array().unwrap();
+            let init = pod["initContainers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            for c in main.iter().chain(&init) {
+                let cname = format!("{name}/{}", c["name"]);
+                let sc = &c["securityContext"];
+                assert_eq!(sc["runAsNonRoot"], true, "{cname}");
+                assert_eq!(sc["readOnlyRootFilesystem"], true, "{cname}");
+                assert_eq!(sc["allowPrivilegeEscalation"], false, "{cname}");
+                let dropped = sc["capabilities"]["drop"].as_array();
+                assert!(
+                    dropped.is_some_and(|d| d.contains(&Value::from("ALL"))),
+                    "{cname}"
+                );
+                for (kind, resource) in [
+                    ("requests", "cpu"),
+                    ("requests", "memory"),
+                    ("limits", "memory"),
+                ] {
+                    let value = &c["resources"][kind][resource];
+                    assert!(!value.is_null(), "{cname}: no resources.{kind}.{resource}");
+                }
+            }
+            for c in main {
+                let port = grpc_port(&c["ports"], "containerPort");
+                for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+                    assert_eq!(
+                        c[probe]["grpc"]["port"], port,
+                        "{name}: {probe} on the grpc port"
+                    );
+                }
+                // The pod outlives the service's drain (and its preStop sleep).
+                let config = config_of(&docs, c);
+                let grace: u64 = config
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .find(|(k, _)| k.ends_with("_SHUTDOWN_GRACE_SECS"))
+                    .and_then(|(_, v)| v.as_str()?.parse().ok())
+                    .unwrap_or_else(|| panic!("{name}: no SHUTDOWN_GRACE_SECS in its ConfigMap"));
+                let sleep = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+                    .as_u64()
+                    .unwrap_or(0);
+                let period = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+                assert!(
+                    period > grace + sleep,
+                    "{name}: terminationGracePeriodSeconds {period} <= {grace} + {sleep}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gateway_finds_verifiers_and_drafters_through_headless_services() {
+    for overlay in overlays() {
+        let docs = documents(&render(&overlay));
+        let gateway = find(&docs, "Deployment", "specmesh-gateway");
+        let config = config_of(&docs, &gateway["spec"]["template"]["spec"]["containers"][0]);
+        for (role, var) in [
+            ("verifier", "SPECMESH_GATEWAY_VERIFIERS"),
+            ("drafter", "SPECMESH_GATEWAY_DRAFTERS"),
+        ] {
+            let service_name = format!("specmesh-{role}");
+            let service = find(&docs, "Service", &service_name);
+            assert_eq!(
+                service["spec"]["clusterIP"], "None",
+                "{overlay}: {service_name} is headless"
+            );
+            let port = grpc_port(&service["spec"]["ports"], "port");
+            let want = format!("dns:///{service_name}:{port}");
+            assert_eq!(config[var], want.as_str(), "{overlay}: {var}");
+            // The Service's port is the one the pods listen on.
+            let deployment = find(&docs, "Deployment", &service_name);
+            let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+            assert_eq!(
+                grpc_port(&container["ports"], "containerPort"),
+                port,
+                "{overlay}: {service_name}"
+            );
+        }
+        let front = find(&docs, "Service", "specmesh-gateway");
+        assert_ne!(
+            front["spec"]["clusterIP"], "None",
+            "{overlay}: the gateway's Service has a cluster IP"
+        );
+    }
+}
+
+#[test]
+fn alert_rules_pass_promtool_check_and_unit_tests() {
+    let check = run(
+        Command::new("promtool").args(["check", "rules", "deploy/prometheus/alerts.yml"]),
+        None,
+    );
+    succeed(
+        "promtool check rules (scripts/tools.sh installs promtool)",
+        check,
+    );
+    let test = run(
+        Command::new("promtool").args(["test", "rules", "deploy/prometheus/alerts_test.yml"]),
+        None,
+    );
+    let said = succeed("promtool test rules", test);
+    assert!(said.contains("SUCCESS"), "{said}");
+    // Every alert has a unit test.
+    let rules = std::fs::read_to_string(repo().join("deploy/prometheus/alerts.yml")).unwrap();
+    let tests = std::fs::read_to_string(repo().join("deploy/prometheus/alerts_test.yml")).unwrap();
+    for alert in rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+    {
+        let cases = tests
+            .lines()
+            .filter(|l| l.trim() == format!("alertname: {alert}"))
+            .count();
+        assert!(
+            cases >= 2,
+            "{alert}: {cases} test cases; one must fire and one must not"
+        );
+    }
+}
+
+#[test]
+fn dashboard_and_alerts_name_only_defined_metrics() {
+    let dashboard =
+        std::fs::read_to_string(repo().join("deploy/grafana/specmesh-dashboard.json")).unwrap();
+    let parsed: Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    assert!(
+        parsed["panels"].as_array().is_some_and(|p| !p.is_empty()),
+        "no panels"
+    );
+    let alerts = std::fs::read_to_string(repo().join("deploy/prometheus/alerts.yml")).unwrap();
+    let mut sources = String::new();
+    rust_sources(&repo().join("crates/server/src"), &mut sources);
+    for service in std::fs::read_dir(repo().join("services"))
+        .unwrap()
+        .flatten()
+    {
+        rust_sources(&service.path().join("src"), &mut sources);
+    }
+    let mut missing: Vec<String> = metric_names(&dashboard)
+        .into_iter()
+        .chain(metric_names(&alerts))
+        .filter(|name| !sources.contains(&format!("\"{name}\"")))
+        .collect();
+    missing.sort();
+    missing.dedup();
+    assert!(
+        missing.is_empty(),
+        "metrics no service defines: {missing:?}"
+    );
+}
+
+/// `specmesh_*` names in `text`, histogram series without their suffix.
+fn metric_names(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("specmesh_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        names.push(base.to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+fn rust_sources(dir: &Path, out: &mut String) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.is_dir() {
+            rust_sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push_str(&std::fs::read_to_string(&path).unwrap());
+        }
+    }
+}
+
+#[test]
+fn dockerfile_passes_hadolint() {
+    let out = run(
+        Command::new(venv_tool("hadolint")).args(["--no-color", "Dockerfile"]),
+        None,
+    );
+    succeed("hadolint Dockerfile", out);
+}
