@@ -205,6 +205,7 @@ pub mod chaos;
 pub mod cluster;
 pub mod load;
 pub mod mesh;
+pub mod pki;
 pub mod service;
 pub mod stats;
 

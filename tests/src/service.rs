@@ -33,7 +33,8 @@ impl Service {
 
     /// [`Service::start_at`] through `wrapper` (a command that ends by
     /// exec'ing its arguments, e.g. `unshare`), run as
-    /// `WRAPPER... BINARY --listen LISTEN ARGS...`.
+    /// `WRAPPER... BINARY --listen LISTEN ARGS...`. Without `--tls-cert` in
+    /// `args` the service runs `--plaintext`.
     pub fn start_wrapped<S: AsRef<OsStr>>(
         wrapper: &[&str],
         name: &str,
@@ -49,6 +50,10 @@ impl Service {
             }
             None => Command::new(binary(name)),
         };
+        let tls = args.iter().any(|a| a.as_ref() == "--tls-cert");
+        if !tls {
+            cmd.arg("--plaintext");
+        }
         cmd.args(["--listen", listen])
             .args(args)
             .env("SPECMESH_LOG", "warn")

@@ -27,7 +27,13 @@ impl Drop for Verifier {
 /// Starts `specmesh-verifier --max-sessions LIMIT` on a free port.
 fn start() -> (Verifier, String) {
     let mut child = Command::new(binary("specmesh-verifier"))
-        .args(["--listen", "127.0.0.1:0", "--cost-curve", "1:1"])
+        .args([
+            "--plaintext",
+            "--listen",
+            "127.0.0.1:0",
+            "--cost-curve",
+            "1:1",
+        ])
         .args(["--max-sessions", &LIMIT.to_string()])
         .arg("--model")
         .arg(model_path())

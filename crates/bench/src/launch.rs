@@ -51,6 +51,20 @@ impl Service {
                 Ok(())
             });
         }
+        // The mesh this launches runs on loopback for development and
+        // benchmarks: plaintext, unless the environment configures the
+        // service's TLS (or says plaintext itself).
+        let var = |flag: &str| {
+            format!(
+                "SPECMESH_{}_{flag}",
+                name.trim_start_matches("specmesh-").to_uppercase()
+            )
+        };
+        if std::env::var_os(var("TLS_CERT")).is_none()
+            && std::env::var_os(var("PLAINTEXT")).is_none()
+        {
+            cmd.env(var("PLAINTEXT"), "true");
+        }
         let mut child = cmd
             .args(args)
             .stdin(Stdio::null())

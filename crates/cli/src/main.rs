@@ -25,6 +25,9 @@ enum Command {
     /// Manage model files.
     #[command(subcommand)]
     Model(commands::fetch::ModelCommand),
+    /// Make API keys for the gateway's --api-keys file.
+    #[command(subcommand)]
+    ApiKey(commands::api_key::ApiKeyCommand),
     /// Generate text: in this process (--local) or through a gateway.
     Generate(commands::generate::Args),
     /// Run the whole system on loopback (verifier, drafter, gateway as
@@ -49,6 +52,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Model(c) => commands::fetch::run(c),
+        Command::ApiKey(c) => commands::api_key::run(c),
         Command::Generate(a) => commands::generate::run(a),
         Command::Up(a) => commands::up::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),

@@ -59,6 +59,12 @@ pub struct ServerArgs {
     /// (port 0: any free port, printed at startup); unset: no metrics.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Address to serve gRPC health alone on, in plaintext, for probes
+    /// that cannot speak TLS (kubelet's gRPC probes); unset: none.
+    #[arg(long)]
+    pub health_listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
 }
 
 impl ServerArgs {
@@ -191,12 +197,39 @@ mod tests {
             vars,
             [
                 "SPECMESH_WIDGET_CPUS",
+                "SPECMESH_WIDGET_HEALTH_LISTEN",
                 "SPECMESH_WIDGET_LISTEN",
                 "SPECMESH_WIDGET_MAX_THINGS",
                 "SPECMESH_WIDGET_METRICS_LISTEN",
+                "SPECMESH_WIDGET_PLAINTEXT",
                 "SPECMESH_WIDGET_SHUTDOWN_GRACE_SECS",
+                "SPECMESH_WIDGET_TLS_ALLOW_SAN",
+                "SPECMESH_WIDGET_TLS_CA",
+                "SPECMESH_WIDGET_TLS_CERT",
+                "SPECMESH_WIDGET_TLS_KEY",
+                "SPECMESH_WIDGET_TLS_RELOAD_MS",
             ]
         );
+        let a: Args = try_parse_from(&SVC, ["widget", "--plaintext"]).unwrap();
+        assert!(a.server.tls.plaintext);
+        let err =
+            try_parse_from::<Args, _, _>(&SVC, ["widget", "--tls-cert", "c.pem"]).unwrap_err();
+        assert!(err.to_string().contains("--tls-key"), "{err}");
+        let err = try_parse_from::<Args, _, _>(
+            &SVC,
+            [
+                "widget",
+                "--plaintext",
+                "--tls-cert",
+                "c",
+                "--tls-key",
+                "k",
+                "--tls-ca",
+                "a",
+            ],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("cannot be used with"), "{err}");
         let err = try_parse_from::<Args, _, _>(&SVC, ["widget", "--max-things", "x"]).unwrap_err();
         assert!(err.to_string().contains("--max-things"), "{err}");
         let a: Args = try_parse_from(&SVC, ["widget", "--cpus", "0-1"]).unwrap();

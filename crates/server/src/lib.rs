@@ -3,7 +3,8 @@
 //! [`serve`]: bind, health, reflection, keepalive, the "listening on" line
 //! and the graceful drain; [`client`]: channels to a peer service;
 //! [`shutdown`]: the signals; [`telemetry`]: tracing with trace-context
-//! propagation; [`affinity`]: `--cpus`; [`metrics`]: Prometheus `/metrics`.
+//! propagation; [`affinity`]: `--cpus`; [`metrics`]: Prometheus `/metrics`;
+//! [`tls`]: mutual TLS with certificate rotation.
 
 #![forbid(unsafe_code)]
 
@@ -14,9 +15,12 @@ pub mod metrics;
 pub mod serve;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;
 
 pub use cli::{ServerArgs, Service};
+pub use client::Dialer;
 pub use serve::{Drain, NoDrain, ServeConfig, bind, serve};
+pub use tls::{ClientAuth, Security, TlsArgs};
 
 /// The end of a service's `main`: 0 after a graceful shutdown; 1, with
 /// the whole cause chain on one line (for logs and for humans), when it

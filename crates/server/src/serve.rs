@@ -1,5 +1,10 @@
-//! One way to serve a specmesh service: bind, health, reflection, HTTP/2
-//! keepalive, the "listening on" line, and a graceful drain.
+//! One way to serve a specmesh service: bind, TLS (or plaintext), health,
+//! reflection, HTTP/2 keepalive, the "listening on" line, and a graceful
+//! drain.
+//!
+//! Health is also served, alone and in plaintext, on `--health-listen`
+//! when given: kubelet's gRPC probes cannot speak TLS, and the health
+//! status tells nothing a probe may not know.
 //!
 //! Shutdown, when the `shutdown` future resolves:
 //!
@@ -12,6 +17,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -19,6 +25,8 @@ use tokio::net::TcpListener;
 use tonic::service::Routes;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
+
+use crate::tls::Security;
 
 /// What a service does while the server drains.
 pub trait Drain: Send + Sync {
@@ -56,11 +64,20 @@ pub struct ServeConfig {
     /// interval + timeout instead of holding it forever.
     pub keepalive_interval: Duration,
     pub keepalive_timeout: Duration,
+    /// TLS on the listener, or plaintext.
+    pub security: Security,
+    /// A plaintext listener serving health alone, for probes.
+    pub health_listen: Option<SocketAddr>,
 }
 
 impl ServeConfig {
     /// The defaults every service starts from.
-    pub fn new(binary: &'static str, service: &'static str, grace: Duration) -> ServeConfig {
+    pub fn new(
+        binary: &'static str,
+        service: &'static str,
+        grace: Duration,
+        security: Security,
+    ) -> ServeConfig {
         ServeConfig {
             binary,
             service,
@@ -68,9 +85,13 @@ impl ServeConfig {
             close_timeout: Duration::from_secs(5),
             keepalive_interval: Duration::from_secs(20),
             keepalive_timeout: Duration::from_secs(10),
+            security,
+            health_listen: None,
         }
     }
 }
+
+type Served = Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
 
 /// Binds `addr`; the error names the address.
 pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
@@ -99,6 +120,11 @@ pub async fn serve(
         .await;
     let (reflection_v1, reflection_v1alpha) =
         crate::reflection().context("building the reflection service")?;
+    // Served until `serve` returns, so probes see the drain.
+    let _health_only = match config.health_listen {
+        Some(addr) => Some(serve_health(addr, health.clone()).await?),
+        None => None,
+    };
     let routes = routes
         .add_service(health)
         .add_service(reflection_v1)
@@ -107,15 +133,20 @@ pub async fn serve(
     let incoming = TcpIncoming::from(listener)
         .with_nodelay(Some(true))
         .with_keepalive(Some(config.keepalive_interval));
-    let server = Server::builder()
+    let router = Server::builder()
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(config.keepalive_timeout))
-        .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming, async {
-            let _ = shutdown_begun.await;
-        });
-    tokio::pin!(server);
-    announce(config.binary, addr);
+        .add_routes(routes);
+    let stop = async {
+        let _ = shutdown_begun.await;
+    };
+    let mut server: Served = match &config.security {
+        Security::Plaintext => Box::pin(router.serve_with_incoming_shutdown(incoming, stop)),
+        Security::Tls(tls) => Box::pin(
+            router.serve_with_incoming_shutdown(crate::tls::incoming(incoming, tls.clone()), stop),
+        ),
+    };
+    announce(config.binary, addr, &config.security);
     tokio::select! {
         served = &mut server => return served.context("serving gRPC"),
         () = shutdown => {}
@@ -150,10 +181,39 @@ pub async fn serve(
     }
 }
 
+/// Serves `health` alone, in plaintext, on `addr` until dropped.
+async fn serve_health(
+    addr: SocketAddr,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+) -> anyhow::Result<AbortOnDrop> {
+    let listener = bind(addr).await.context("`--health-listen`")?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    tracing::info!(%addr, "serving health for probes (plaintext)");
+    let server = Server::builder()
+        .add_service(health)
+        .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true)));
+    Ok(AbortOnDrop(tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::warn!(error = %e, "the health listener stopped");
+        }
+    })))
+}
+
+/// Aborts the task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Tells a launcher where the service listens (stdout), and the logs.
-fn announce(binary: &str, addr: SocketAddr) {
+fn announce(binary: &str, addr: SocketAddr, security: &Security) {
     use std::io::Write;
-    tracing::info!(%addr, "listening");
+    tracing::info!(%addr, tls = security.is_tls(), "listening");
     let mut out = std::io::stdout().lock();
     // A closed stdout must not stop the server.
     let _ = writeln!(out, "{binary} listening on {addr}");

@@ -96,6 +96,9 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where to serve Prometheus `/metrics`; `None`: nowhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// Where to serve plaintext health for probes; `None`: nowhere.
+    pub health_listen: Option<SocketAddr>,
+    pub tls: specmesh_server::TlsArgs,
     /// Budget of the global suffix index, in bytes (0: no index).
     pub global_index_bytes: usize,
     pub max_sessions: usize,
@@ -131,6 +134,8 @@ impl Default for Config {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 50061)),
             metrics_listen: None,
+            health_listen: None,
+            tls: specmesh_server::TlsArgs::plaintext(),
             global_index_bytes: 256 << 20,
             max_sessions: 1024,
             max_context_tokens: 262_144,
@@ -188,6 +193,8 @@ impl TryFrom<Args> for Config {
         Ok(Config {
             listen: a.server.listen,
             metrics_listen: a.server.metrics_listen,
+            health_listen: a.server.health_listen,
+            tls: a.server.tls,
             global_index_bytes: a.global_index_mib << 20,
             max_sessions: at_least("max-sessions", a.max_sessions, 1)?,
             max_context_tokens: at_least("max-context-tokens", a.max_context_tokens, 1)?,
@@ -212,7 +219,9 @@ mod tests {
 
     #[test]
     fn the_flag_defaults_are_the_config_defaults() {
-        assert_eq!(parse(&[]).unwrap(), Config::default());
+        // `Config::default()` is for in-process use: plaintext.
+        assert_eq!(parse(&["--plaintext"]).unwrap(), Config::default());
+        assert!(!parse(&[]).unwrap().tls.plaintext, "TLS unless asked");
         assert_eq!(Config::default().listen.to_string(), DEFAULT_LISTEN);
     }
 

@@ -19,9 +19,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use specmesh_proto::v1::drafter_server::{DrafterServer, SERVICE_NAME};
-use specmesh_server::{Drain, ServeConfig};
+use specmesh_server::{ClientAuth, Drain, Security, ServeConfig};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
+use tonic::service::interceptor::InterceptedService;
 
 use crate::config::Config;
 use crate::drafters::DrafterSet;
@@ -42,6 +43,8 @@ const MESSAGE_OVERHEAD: usize = 1 << 20;
 #[derive(Debug)]
 pub struct Listening {
     listener: TcpListener,
+    security: Security,
+    health_listen: Option<SocketAddr>,
     local_addr: SocketAddr,
     shutdown_grace: Duration,
     max_context: usize,
@@ -60,6 +63,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
 /// listener. Fails on a bad draft model or an address that cannot be bound.
 pub async fn bind(config: Config) -> anyhow::Result<Listening> {
     tracing::info!(?config, "effective config");
+    let security = Security::from_args(&config.tls, ClientAuth::Required)?;
     let model = match config.draft_model.clone() {
         Some(cfg) => Some(
             tokio::task::spawn_blocking(move || DraftModel::load(&cfg))
@@ -99,6 +103,8 @@ pub async fn bind(config: Config) -> anyhow::Result<Listening> {
     };
     Ok(Listening {
         listener,
+        security,
+        health_listen: config.health_listen,
         local_addr,
         shutdown_grace: config.shutdown_grace,
         max_context: config.max_context_tokens,
@@ -126,8 +132,17 @@ impl Listening {
         let service = DrafterServer::new(DraftService::new(Arc::clone(&self.shared)))
             .max_decoding_message_size(limit)
             .max_encoding_message_size(MESSAGE_OVERHEAD);
-        let mut config = ServeConfig::new("specmesh-drafter", SERVICE_NAME, self.shutdown_grace);
+        // Only the identities of --tls-allow-san (the verifiers') may open
+        // draft streams; health stays open to the mesh.
+        let service = InterceptedService::new(service, self.security.authorize());
+        let mut config = ServeConfig::new(
+            "specmesh-drafter",
+            SERVICE_NAME,
+            self.shutdown_grace,
+            self.security,
+        );
         config.close_timeout = CLOSE_TIMEOUT;
+        config.health_listen = self.health_listen;
         let drain = Streams {
             stats: Arc::clone(&self.shared.stats),
             stop: self.stop,

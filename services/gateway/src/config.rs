@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use specmesh_server::{ServerArgs, Service};
+use specmesh_server::{ServerArgs, Service, TlsArgs};
 use tonic::transport::Uri;
 
 use crate::resolve::MemberSource;
@@ -105,6 +105,26 @@ pub struct Args {
     #[arg(long, default_value_t = 2000)]
     pub connect_timeout_ms: u64,
 
+    /// File of API keys (hashed) and their tenants; callers must then send
+    /// `authorization: Bearer KEY` and run as the key's tenant. Unset:
+    /// callers are not authenticated (local development).
+    #[arg(long)]
+    pub api_keys: Option<PathBuf>,
+
+    /// How often the API key file is read again, in milliseconds.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub api_keys_reload_ms: u64,
+
+    /// Over TLS: the name verifiers' certificates carry (e.g. the headless
+    /// Service `specmesh-verifier`); default: the host of each endpoint.
+    #[arg(long)]
+    pub verifier_tls_name: Option<String>,
+
+    /// Over TLS: the name drafters' certificates carry; default: the host
+    /// of each endpoint.
+    #[arg(long)]
+    pub drafter_tls_name: Option<String>,
+
     /// How long a request waits for a verifier to come back when none can
     /// take it (all down or restarting), in milliseconds, within its
     /// deadline; then UNAVAILABLE. 0: fail at once.
@@ -119,6 +139,14 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where to serve Prometheus `/metrics`; `None`: nowhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// Where to serve plaintext health for probes; `None`: nowhere.
+    pub health_listen: Option<SocketAddr>,
+    pub tls: TlsArgs,
+    /// The API key file; `None`: callers are not authenticated.
+    pub api_keys: Option<PathBuf>,
+    pub api_keys_reload: Duration,
+    pub verifier_tls_name: Option<String>,
+    pub drafter_tls_name: Option<String>,
     /// Verifier entries, at least one, as given (trimmed).
     pub verifiers: Vec<MemberSource>,
     /// Drafter entries, possibly none.
@@ -224,6 +252,12 @@ impl TryFrom<Args> for Config {
         Ok(Config {
             listen: args.server.listen,
             metrics_listen: args.server.metrics_listen,
+            health_listen: args.server.health_listen,
+            tls: args.server.tls,
+            api_keys: args.api_keys,
+            api_keys_reload: Duration::from_millis(args.api_keys_reload_ms),
+            verifier_tls_name: args.verifier_tls_name,
+            drafter_tls_name: args.drafter_tls_name,
             verifiers,
             drafters,
             resolve_interval: Duration::from_millis(args.resolve_interval_ms),
@@ -248,6 +282,12 @@ impl Config {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics_listen: None,
+            health_listen: None,
+            tls: TlsArgs::plaintext(),
+            api_keys: None,
+            api_keys_reload: Duration::from_secs(10),
+            verifier_tls_name: None,
+            drafter_tls_name: None,
             verifiers: verifiers.into_iter().map(MemberSource::Static).collect(),
             drafters: Vec::new(),
             resolve_interval: Duration::from_secs(5),

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tonic::{Code, Status};
 
+use crate::auth::AuthError;
 use crate::validation::ValidationError;
 
 /// Why a request failed.
@@ -16,6 +17,10 @@ use crate::validation::ValidationError;
 pub enum GatewayError {
     #[error(transparent)]
     Invalid(#[from] ValidationError),
+    /// The caller is not authenticated, or its key does not act for the
+    /// tenant it named.
+    #[error(transparent)]
+    Auth(#[from] AuthError),
     #[error("the gateway is at its limit of {limit} concurrent requests; retry later")]
     Overloaded { limit: usize },
     #[error("the request did not finish within its deadline of {:.3}s", timeout.as_secs_f64())]
@@ -53,6 +58,8 @@ impl GatewayError {
         match self {
             Self::Invalid(e) if e.is_internal() => Code::Internal,
             Self::Invalid(_) => Code::InvalidArgument,
+            Self::Auth(AuthError::OtherTenant { .. }) => Code::PermissionDenied,
+            Self::Auth(_) => Code::Unauthenticated,
             Self::Overloaded { .. } | Self::VerifierExhausted { .. } => Code::ResourceExhausted,
             Self::DeadlineExceeded { .. } => Code::DeadlineExceeded,
             Self::NoVerifier { .. } => Code::Unavailable,

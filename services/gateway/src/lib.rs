@@ -18,6 +18,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 mod config;
 mod decode;
 mod error;

@@ -11,9 +11,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
 
 use specmesh_proto::v1::verifier_client::VerifierClient;
+use specmesh_server::Dialer;
 use tonic::transport::Channel;
 use tracing::{info, warn};
 
@@ -21,10 +21,40 @@ use crate::health::{Role, Watches};
 use crate::placement::Placer;
 
 /// How the gateway talks to its members.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ClientSettings {
-    pub connect_timeout: Duration,
+    pub dialer: Dialer,
     pub max_message_bytes: usize,
+    /// Over TLS: the names verifiers' and drafters' certificates carry;
+    /// `None`: each endpoint's host.
+    pub verifier_tls_name: Option<String>,
+    pub drafter_tls_name: Option<String>,
+}
+
+impl ClientSettings {
+    /// Plaintext, for tests.
+    #[cfg(test)]
+    pub fn plaintext(
+        connect_timeout: std::time::Duration,
+        max_message_bytes: usize,
+    ) -> ClientSettings {
+        ClientSettings {
+            dialer: Dialer {
+                security: specmesh_server::Security::Plaintext,
+                connect_timeout,
+            },
+            max_message_bytes,
+            verifier_tls_name: None,
+            drafter_tls_name: None,
+        }
+    }
+
+    fn tls_name(&self, role: Role) -> Option<&str> {
+        match role {
+            Role::Verifier => self.verifier_tls_name.as_deref(),
+            Role::Drafter => self.drafter_tls_name.as_deref(),
+        }
+    }
 }
 
 /// The members now; shared by every request and the re-resolution task.
@@ -91,7 +121,11 @@ impl Members {
                 kept.push(endpoint.clone());
                 continue;
             }
-            match specmesh_server::client::channel(endpoint, self.settings.connect_timeout) {
+            match self
+                .settings
+                .dialer
+                .channel(endpoint, self.settings.tls_name(role))
+            {
                 Ok(channel) => {
                     channels.insert(endpoint.clone(), channel);
                     kept.push(endpoint.clone());
@@ -157,10 +191,10 @@ mod tests {
     use super::*;
 
     fn members() -> Members {
-        Members::new(ClientSettings {
-            connect_timeout: Duration::from_secs(1),
-            max_message_bytes: 1 << 20,
-        })
+        Members::new(ClientSettings::plaintext(
+            std::time::Duration::from_secs(1),
+            1 << 20,
+        ))
     }
 
     #[tokio::test]

@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use specmesh_proto::v1::generation_server::{GenerationServer, SERVICE_NAME};
-use specmesh_server::{Drain, ServeConfig};
+use specmesh_server::{ClientAuth, Drain, Security, ServeConfig};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
+use crate::auth::Callers;
 use crate::config::Config;
 use crate::model::ModelMeta;
 use crate::service::GenerationService;
@@ -42,6 +43,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     info!(?config, "effective config");
+    // Callers may come without a certificate (API keys authenticate
+    // them); the gateway's own calls to verifiers and drafters are mutual.
+    let security = Security::from_args(&config.tls, ClientAuth::Optional)?;
     // A catalog name becomes its cached file here: parsing flags touches no file.
     let path = specmesh_catalog::resolve(Some(&config.model)).context("`--model`")?;
     let model = tokio::task::spawn_blocking(move || ModelMeta::load(&path))
@@ -50,7 +54,8 @@ pub async fn serve(
     for warning in model.tokenizer.warnings() {
         warn!(warning = %warning, "tokenizer");
     }
-    let service = GenerationService::new(&config, model)?;
+    let callers = Callers::from_file(config.api_keys.as_deref(), config.api_keys_reload)?;
+    let service = GenerationService::new(&config, model, security.clone(), callers)?;
     if let Some(addr) = config.metrics_listen {
         let registry = specmesh_server::metrics::registry(&config.model.display().to_string());
         service.register_metrics(&registry);
@@ -65,7 +70,13 @@ pub async fn serve(
     let generation = GenerationServer::new(service.clone())
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
-    let mut serve = ServeConfig::new("specmesh-gateway", SERVICE_NAME, config.shutdown_grace);
+    let mut serve = ServeConfig::new(
+        "specmesh-gateway",
+        SERVICE_NAME,
+        config.shutdown_grace,
+        security,
+    );
+    serve.health_listen = config.health_listen;
     serve.keepalive_interval = CLIENT_KEEPALIVE_INTERVAL;
     serve.keepalive_timeout = CLIENT_KEEPALIVE_TIMEOUT;
     // Requests still running after the grace period are cut when `serve`

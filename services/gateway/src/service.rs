@@ -15,12 +15,14 @@ use specmesh_proto::v1::generation_server::Generation;
 use specmesh_proto::v1::{
     FinishReason, GenerateChunk, GenerateRequest, GenerateResponse, SpeculationStats, Usage,
 };
+use specmesh_server::{Dialer, Security};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span, error, field, info, info_span};
 
+use crate::auth::{Caller, Callers};
 use crate::config::{Config, ConfigError, DEFAULT_MAX_NEW_TOKENS};
 use crate::decode::{ClientGone, DecodeLoop, DeltaSink, RequestContext, Summary};
 use crate::error::GatewayError;
@@ -56,6 +58,8 @@ struct Shared {
     metrics: GatewayMetrics,
     /// The verifiers and drafters now (their health watches stop with it).
     members: Arc<Members>,
+    /// Who may call (API keys), as which tenant.
+    callers: Callers,
     /// Re-resolves `dns:///` entries for as long as the service lives.
     _resolve: Option<AbortOnDrop>,
 }
@@ -75,7 +79,14 @@ impl GenerationService {
     /// kit's client channel, with HTTP/2 pings that notice a silently dead
     /// pod), so a verifier that is down at start only fails the requests
     /// placed on it, and a lost one's sessions move elsewhere.
-    pub fn new(config: &Config, model: ModelMeta) -> Result<Self, ConfigError> {
+    /// `security`: how it talks to its members (TLS or plaintext).
+    /// `callers`: who may call, as which tenant (API keys).
+    pub fn new(
+        config: &Config,
+        model: ModelMeta,
+        security: Security,
+        callers: Callers,
+    ) -> Result<Self, ConfigError> {
         // `Config::try_from` checks this range; a hand-built Config is
         // clamped rather than allowed to panic the semaphore.
         let max_concurrent = config
@@ -98,19 +109,27 @@ impl GenerationService {
         ] {
             for source in sources {
                 if let MemberSource::Static(endpoint) = source {
-                    specmesh_server::client::channel(endpoint, config.connect_timeout).map_err(
-                        |e| ConfigError::BadEndpoint {
-                            flag,
-                            endpoint: e.endpoint,
-                            reason: e.reason,
-                        },
-                    )?;
+                    Dialer {
+                        security: Security::Plaintext,
+                        connect_timeout: config.connect_timeout,
+                    }
+                    .channel(endpoint, None)
+                    .map_err(|e| ConfigError::BadEndpoint {
+                        flag,
+                        endpoint: e.endpoint,
+                        reason: e.reason,
+                    })?;
                 }
             }
         }
         let members = Arc::new(Members::new(ClientSettings {
-            connect_timeout: config.connect_timeout,
+            dialer: Dialer {
+                security,
+                connect_timeout: config.connect_timeout,
+            },
             max_message_bytes: config.max_message_bytes,
+            verifier_tls_name: config.verifier_tls_name.clone(),
+            drafter_tls_name: config.drafter_tls_name.clone(),
         }));
         let sources = Sources {
             verifiers: config.verifiers.clone(),
@@ -140,6 +159,7 @@ impl GenerationService {
                 default_timeout: config.request_timeout,
                 metrics,
                 members,
+                callers,
                 _resolve: resolve,
             }),
         })
@@ -174,8 +194,9 @@ impl Generation for GenerationService {
         let (ctx, span) = self.shared.begin("Generate", &request);
         let shared = &self.shared;
         let work = async {
+            let caller = shared.callers.authenticate(request.metadata())?;
             let _permit = shared.admit()?;
-            let valid = shared.validate(request.into_inner()).await?;
+            let valid = shared.validate(&caller, request.into_inner()).await?;
             let mut collected = Collector::default();
             let summary = shared.decode.run(&valid, &ctx, &mut collected).await?;
             Ok::<_, GatewayError>(collected.into_response(summary, &ctx))
@@ -212,8 +233,9 @@ impl Generation for GenerationService {
         let (ctx, span) = self.shared.begin("GenerateStream", &request);
         let shared = self.shared.clone();
         let admitted = async {
+            let caller = shared.callers.authenticate(request.metadata())?;
             let permit = shared.admit()?;
-            let valid = shared.validate(request.into_inner()).await?;
+            let valid = shared.validate(&caller, request.into_inner()).await?;
             Ok::<_, GatewayError>((permit, valid))
         };
         let admitted = tokio::time::timeout_at(ctx.deadline.into(), admitted)
@@ -288,16 +310,20 @@ impl Shared {
             })
     }
 
+    /// Validates the request and fixes its tenant: the caller's key's,
+    /// never another the request names.
     async fn validate(
         &self,
+        caller: &Caller,
         request: GenerateRequest,
     ) -> Result<ValidGenerateRequest, GatewayError> {
         let span = info_span!("validate", prompt_tokens = field::Empty);
-        let valid = self
+        let mut valid = self
             .validator
             .validate(request)
             .instrument(span.clone())
             .await?;
+        valid.tenant = caller.tenant(&valid.tenant)?;
         span.record("prompt_tokens", valid.prompt_tokens.len());
         let request_span = Span::current();
         if let Some(id) = &valid.session_id {

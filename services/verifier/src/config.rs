@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use specmesh_server::cli::{FlagError, in_range};
-use specmesh_server::{ServerArgs, Service};
+use specmesh_server::{ServerArgs, Service, TlsArgs};
 
 /// The verifier as its command line knows it.
 pub const SERVICE: Service = Service {
@@ -59,6 +59,10 @@ pub struct Args {
     /// How long to wait for a drafter to connect (ms).
     #[arg(long, default_value_t = 1000)]
     pub drafter_connect_timeout_ms: u64,
+    /// Over TLS: the name drafters' certificates carry (e.g. the headless
+    /// Service `specmesh-drafter`); default: the host of the endpoint.
+    #[arg(long)]
+    pub drafter_tls_name: Option<String>,
     /// The cost curve as `k:relative,...` (e.g. `1:1,4:1.85,16:5.02`);
     /// default: measured at startup on this machine.
     #[arg(long)]
@@ -79,6 +83,10 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where to serve Prometheus `/metrics`; `None`: nowhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// Where to serve plaintext health for probes; `None`: nowhere.
+    pub health_listen: Option<SocketAddr>,
+    pub tls: TlsArgs,
+    pub drafter_tls_name: Option<String>,
     pub model: PathBuf,
     pub threads: Option<usize>,
     pub kv_budget_bytes: u64,
@@ -128,6 +136,9 @@ impl TryFrom<Args> for Config {
         Ok(Config {
             listen: a.server.listen,
             metrics_listen: a.server.metrics_listen,
+            health_listen: a.server.health_listen,
+            tls: a.server.tls,
+            drafter_tls_name: a.drafter_tls_name,
             model: a.model,
             threads: a.threads,
             kv_budget_bytes: a.kv_budget_mib << 20,

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use specmesh_proto::v1::drafter_client::DrafterClient;
 use specmesh_proto::{last_step, v1};
+use specmesh_server::{Dialer, Security};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -21,18 +22,34 @@ const MAX_TREE_BYTES: usize = 4 << 20;
 
 /// One lazily connected channel per drafter endpoint, shared by sessions
 /// (HTTP/2 multiplexes their streams).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct DrafterChannels {
+    security: Security,
+    /// The name drafters' certificates carry (TLS).
+    server_name: Option<String>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
 }
 
 impl DrafterChannels {
+    pub fn new(security: Security, server_name: Option<String>) -> DrafterChannels {
+        DrafterChannels {
+            security,
+            server_name,
+            channels: Arc::default(),
+        }
+    }
+
     fn get(&self, endpoint: &str, connect_timeout: Duration) -> Result<Channel, String> {
         let mut map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = map.get(endpoint) {
             return Ok(c.clone());
         }
-        let channel = specmesh_server::client::channel(endpoint, connect_timeout)
+        let dialer = Dialer {
+            security: self.security.clone(),
+            connect_timeout,
+        };
+        let channel = dialer
+            .channel(endpoint, self.server_name.as_deref())
             .map_err(|e| e.to_string())?;
         map.insert(endpoint.to_string(), channel.clone());
         Ok(channel)

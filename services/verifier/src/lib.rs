@@ -34,9 +34,10 @@ use std::time::Duration;
 use anyhow::Context;
 use specmesh_model::{LoadOptions, Model};
 use specmesh_proto::v1::verifier_server::{SERVICE_NAME, VerifierServer};
-use specmesh_server::{Drain, ServeConfig};
+use specmesh_server::{ClientAuth, Drain, Security, ServeConfig};
 use specmesh_tokenizer::Tokenizer;
 use tokio::sync::Semaphore;
+use tonic::service::interceptor::InterceptedService;
 
 pub use config::{Args, Config, ConfigError, SERVICE};
 pub use error::VerifierError;
@@ -58,6 +59,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     tracing::info!(?config, "starting the verifier");
+    // Before the model loads: a TLS mistake should fail in a second, not
+    // after a minute of loading.
+    let security = Security::from_args(&config.tls, ClientAuth::Required)?;
     // A catalog name becomes its cached file here: parsing flags touches no file.
     let model_name = config.model.display().to_string();
     let model_path = specmesh_catalog::resolve(Some(&config.model)).context("`--model`")?;
@@ -107,7 +111,7 @@ pub async fn run(
             step_seconds,
         },
         memory: KvMemory::new(config.kv_budget_bytes, config.max_cached_sessions),
-        channels: DrafterChannels::default(),
+        channels: DrafterChannels::new(security.clone(), config.drafter_tls_name.clone()),
         eos,
         cost_curve,
         slots: Arc::new(Semaphore::new(config.max_sessions)),
@@ -129,7 +133,16 @@ pub async fn run(
     let service = VerifierServer::new(VerifierService::new(Arc::clone(&state)))
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit);
-    let mut serve = ServeConfig::new("specmesh-verifier", SERVICE_NAME, config.shutdown_grace);
+    // Only the identities of --tls-allow-san (the gateway's) may run
+    // sessions; health stays open to the mesh.
+    let service = InterceptedService::new(service, security.authorize());
+    let mut serve = ServeConfig::new(
+        "specmesh-verifier",
+        SERVICE_NAME,
+        config.shutdown_grace,
+        security,
+    );
+    serve.health_listen = config.health_listen;
     // Sessions still running after the grace period are cut when `serve`
     // returns; there is nothing to close first.
     serve.close_timeout = Duration::ZERO;

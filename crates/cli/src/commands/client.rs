@@ -1,12 +1,14 @@
 //! `specmesh generate --gateway URL`: a client of the public API.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 use specmesh_proto::v1;
 use specmesh_proto::v1::generation_client::GenerationClient;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
 /// What the user asked for, as the request to send.
 pub struct Ask {
@@ -33,18 +35,62 @@ struct Output {
     seconds: f64,
 }
 
-pub fn run(url: &str, ask: Ask) -> Result<()> {
+/// Where the gateway is and how to reach it.
+pub struct Connection {
+    pub url: String,
+    pub api_key: Option<String>,
+    /// TLS, trusting this CA.
+    pub tls_ca: Option<PathBuf>,
+    pub tls_name: Option<String>,
+}
+
+impl Connection {
+    async fn channel(&self) -> Result<Channel> {
+        let url = &self.url;
+        let Some(ca) = &self.tls_ca else {
+            return Channel::from_shared(url.clone())
+                .with_context(|| format!("`{url}` is not a URL"))?
+                .connect()
+                .await
+                .with_context(|| format!("connecting to the gateway at {url}"));
+        };
+        let pem = std::fs::read(ca).with_context(|| format!("reading `{}`", ca.display()))?;
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem));
+        if let Some(name) = &self.tls_name {
+            tls = tls.domain_name(name.clone());
+        }
+        Channel::from_shared(url.replacen("http://", "https://", 1))
+            .with_context(|| format!("`{url}` is not a URL"))?
+            .tls_config(tls)
+            .context("the TLS configuration")?
+            .connect()
+            .await
+            .with_context(|| format!("connecting to the gateway at {url} over TLS"))
+    }
+
+    /// `request` with the API key, if any.
+    fn request<T>(&self, message: T) -> Result<tonic::Request<T>> {
+        let mut request = tonic::Request::new(message);
+        if let Some(key) = &self.api_key {
+            let value = format!("Bearer {key}")
+                .parse()
+                .context("the API key holds characters metadata cannot carry")?;
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok(request)
+    }
+}
+
+pub fn run(connection: &Connection, ask: Ask) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(generate(url, ask))
+    rt.block_on(generate(connection, ask))
 }
 
-async fn generate(url: &str, ask: Ask) -> Result<()> {
-    let mut client = GenerationClient::connect(url.to_string())
-        .await
-        .with_context(|| format!("connecting to the gateway at {url}"))?
-        .max_decoding_message_size(64 << 20);
+async fn generate(connection: &Connection, ask: Ask) -> Result<()> {
+    let mut client =
+        GenerationClient::new(connection.channel().await?).max_decoding_message_size(64 << 20);
     let input = if ask.chat {
         v1::generate_request::Input::Chat(v1::Chat {
             messages: vec![v1::ChatMessage {
@@ -68,7 +114,7 @@ async fn generate(url: &str, ask: Ask) -> Result<()> {
     let t0 = Instant::now();
     let (text, ids, finish, usage, spec) = if ask.stream {
         let mut stream = client
-            .generate_stream(request)
+            .generate_stream(connection.request(request)?)
             .await
             .map_err(status)?
             .into_inner();
@@ -87,7 +133,11 @@ async fn generate(url: &str, ask: Ask) -> Result<()> {
         }
         (text, ids, last.finish_reason, last.usage, last.speculation)
     } else {
-        let r = client.generate(request).await.map_err(status)?.into_inner();
+        let r = client
+            .generate(connection.request(request)?)
+            .await
+            .map_err(status)?
+            .into_inner();
         if !ask.json {
             print!("{}", r.text);
         }

@@ -17,6 +17,21 @@ pub struct Args {
     /// Generate through the gateway at this URL (e.g. http://127.0.0.1:50051).
     #[arg(long, env = "SPECMESH_GATEWAY")]
     gateway: Option<String>,
+    /// With --gateway: the API key to send (`authorization: Bearer KEY`).
+    #[arg(
+        long,
+        env = "SPECMESH_API_KEY",
+        requires = "gateway",
+        hide_env_values = true
+    )]
+    api_key: Option<String>,
+    /// With --gateway: connect over TLS, trusting this CA file (PEM).
+    #[arg(long, requires = "gateway")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// With --tls-ca: the name the gateway's certificate carries (default:
+    /// the URL's host).
+    #[arg(long, requires = "tls_ca")]
+    tls_name: Option<String>,
     /// With --gateway: stream tokens as they are committed.
     #[arg(long, requires = "gateway")]
     stream: bool,
@@ -87,7 +102,13 @@ pub fn run(args: Args) -> Result<()> {
             stream: args.stream,
             json: args.json,
         };
-        return crate::commands::client::run(url, ask);
+        let connection = crate::commands::client::Connection {
+            url: url.clone(),
+            api_key: args.api_key.clone(),
+            tls_ca: args.tls_ca.clone(),
+            tls_name: args.tls_name.clone(),
+        };
+        return crate::commands::client::run(&connection, ask);
     }
     if !args.local {
         bail!("pass --local (run the model in this process) or --gateway URL");

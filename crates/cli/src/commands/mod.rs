@@ -1,3 +1,4 @@
+pub mod api_key;
 pub mod client;
 pub mod fetch;
 pub mod generate;

@@ -15,10 +15,10 @@ use crate::validation::ValidSpeculation;
 const PROMPT: &str = "Q: ";
 
 fn decode_loop(verifiers: &[&str], drafters: &[&str], max_replacements: u32) -> DecodeLoop {
-    let members = Members::new(crate::members::ClientSettings {
-        connect_timeout: Duration::from_secs(1),
-        max_message_bytes: 4 << 20,
-    });
+    let members = Members::new(crate::members::ClientSettings::plaintext(
+        Duration::from_secs(1),
+        4 << 20,
+    ));
     let list = |l: &[&str]| l.iter().map(|e| (*e).to_owned()).collect::<Vec<_>>();
     members.set(crate::health::Role::Verifier, &list(verifiers));
     members.set(crate::health::Role::Drafter, &list(drafters));

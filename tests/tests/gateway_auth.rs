@@ -1,0 +1,203 @@
+//! Callers authenticated by API key at the real gateway, keys made with
+//! `specmesh api-key new`: the tenant comes from the key, never from the
+//! request, so one tenant cannot read another's drafting index by naming
+//! it; keys are revoked by editing the file, without a restart.
+
+use std::time::{Duration, Instant};
+
+use specmesh_e2e::cluster::COST_CURVE;
+use specmesh_e2e::mesh::chat_request;
+use specmesh_e2e::service::Service;
+use specmesh_e2e::{model_path, run, stdout_ok};
+use specmesh_proto::v1;
+use specmesh_proto::v1::generation_client::GenerationClient;
+use tonic::Code;
+use tonic::transport::Channel;
+
+/// `specmesh api-key new --tenant TENANT`: the key and its file line.
+fn new_key(tenant: &str) -> (String, String) {
+    let out = stdout_ok(&run(["api-key", "new", "--tenant", tenant]));
+    let mut lines = out.lines();
+    let key = lines.next().unwrap().to_string();
+    let line = lines.next().unwrap().to_string();
+    assert!(
+        line.starts_with("sha256:") && line.ends_with(tenant),
+        "{line}"
+    );
+    assert!(!line.contains(&key), "the file line must not hold the key");
+    (key, line)
+}
+
+fn with_key(
+    message: v1::GenerateRequest,
+    key: Option<&str>,
+) -> tonic::Request<v1::GenerateRequest> {
+    let mut request = tonic::Request::new(message);
+    if let Some(key) = key {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    }
+    request
+}
+
+/// A short request for the checks that do not look at drafting (so they
+/// leave nothing of the story in any tenant's index).
+fn probe(tenant: &str) -> v1::GenerateRequest {
+    let mut r = chat_request("Name three prime numbers.", 8);
+    r.tenant = tenant.to_string();
+    r
+}
+
+fn story(tenant: &str) -> v1::GenerateRequest {
+    let mut r = chat_request("Write a short story about a lighthouse keeper.", 96);
+    r.tenant = tenant.to_string();
+    r
+}
+
+async fn accepted(client: &mut GenerationClient<Channel>, key: &str) -> (String, u32) {
+    let reply = client
+        .generate(with_key(story(""), Some(key)))
+        .await
+        .unwrap()
+        .into_inner();
+    (reply.text, reply.speculation.unwrap().accepted_tokens)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_names_the_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key_a, line_a) = new_key("team-a");
+    let (key_b, line_b) = new_key("team-b");
+    let keys = dir.path().join("api-keys");
+    std::fs::write(&keys, format!("# specmesh API keys\n{line_a}\n{line_b}\n")).unwrap();
+
+    let model = model_path().display().to_string();
+    let verifier = Service::start(
+        "specmesh-verifier",
+        &[
+            "--model",
+            &model,
+            "--threads",
+            "1",
+            "--cost-curve",
+            COST_CURVE,
+        ],
+        &[],
+    );
+    let drafter = Service::start("specmesh-drafter", &[] as &[&str], &[]);
+    let gateway = Service::start(
+        "specmesh-gateway",
+        &[
+            "--model",
+            &model,
+            "--verifiers",
+            &verifier.url,
+            "--drafters",
+            &drafter.url,
+            "--api-keys",
+            &keys.display().to_string(),
+            "--api-keys-reload-ms",
+            "200",
+        ],
+        &[],
+    );
+    let mut client = GenerationClient::connect(gateway.url.clone())
+        .await
+        .unwrap();
+
+    // No key, a malformed one, an unknown one: UNAUTHENTICATED.
+    for key in [None, Some("")] {
+        let status = client.generate(with_key(probe(""), key)).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    }
+    assert!(
+        client
+            .generate(with_key(probe(""), None))
+            .await
+            .unwrap_err()
+            .message()
+            .contains("authorization: Bearer")
+    );
+    let status = client
+        .generate(with_key(probe(""), Some("sk-specmesh-guess")))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    let status = client
+        .generate_stream(with_key(probe(""), Some("nope")))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+
+    // A key acting for another tenant than the request names: refused,
+    // saying which tenant the key is for.
+    let status = client
+        .generate(with_key(probe("team-b"), Some(&key_a)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(status.message().contains("team-a"), "{status:?}");
+    let named = client
+        .generate(with_key(probe("team-a"), Some(&key_a)))
+        .await;
+    assert!(named.is_ok(), "naming its own tenant is fine: {named:?}");
+
+    // Tenant B's second run of a text drafts from B's index: acceptance
+    // rises. Tenant A asking the same gets A's own (first-time) acceptance:
+    // B's index is not A's to read.
+    let (text_b1, b1) = accepted(&mut client, &key_b).await;
+    let (text_b2, b2) = accepted(&mut client, &key_b).await;
+    let (text_a, a) = accepted(&mut client, &key_a).await;
+    assert_eq!(text_b1, text_b2);
+    assert_eq!(text_a, text_b1, "the same answer for everyone");
+    eprintln!("accepted tokens: tenant B first {b1}, again {b2}; tenant A {a}");
+    assert!(b2 > b1, "B's repeat drafts from B's index ({b1} -> {b2})");
+    assert!(
+        a <= b1 + (b2 - b1) / 2,
+        "A gained from B's index: {a} accepted; B: {b1} first, {b2} again"
+    );
+
+    // The CLI sends the key.
+    let url = gateway.url.clone();
+    let out = run([
+        "generate",
+        "--gateway",
+        &url,
+        "--api-key",
+        &key_a,
+        "--max-new-tokens",
+        "8",
+        "Hello",
+    ]);
+    stdout_ok(&out);
+    let out = run([
+        "generate",
+        "--gateway",
+        &url,
+        "--max-new-tokens",
+        "8",
+        "Hello",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("API key"),
+        "{out:?}"
+    );
+
+    // Revoking A's key (editing the file) takes effect without a restart.
+    std::fs::write(&keys, format!("{line_b}\n")).unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        match client.generate(with_key(probe(""), Some(&key_a))).await {
+            Err(s) if s.code() == Code::Unauthenticated => break,
+            other => assert!(
+                Instant::now() < until,
+                "the revoked key still works: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let still = client.generate(with_key(probe(""), Some(&key_b))).await;
+    assert!(still.is_ok(), "B's key stays: {still:?}");
+}
