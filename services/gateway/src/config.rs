@@ -15,6 +15,7 @@ use std::time::Duration;
 use specmesh_server::{ServerArgs, Service, TlsArgs};
 use tonic::transport::Uri;
 
+use crate::quota::QuotaLimits;
 use crate::resolve::MemberSource;
 
 /// The gateway as its command line knows it. In a pod it listens on
@@ -111,6 +112,16 @@ pub struct Args {
     #[arg(long)]
     pub api_keys: Option<PathBuf>,
 
+    /// Requests one tenant may run at once (0: no limit beyond
+    /// `--max-concurrent-requests`); over it: RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 0)]
+    pub tenant_max_concurrent: usize,
+
+    /// Tokens (prompt + generated) one tenant may use per minute (0: no
+    /// limit); over it: RESOURCE_EXHAUSTED with `retry-after`.
+    #[arg(long, default_value_t = 0)]
+    pub tenant_tokens_per_minute: u64,
+
     /// How often the API key file is read again, in milliseconds.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..))]
     pub api_keys_reload_ms: u64,
@@ -142,6 +153,8 @@ pub struct Config {
     /// Where to serve plaintext health for probes; `None`: nowhere.
     pub health_listen: Option<SocketAddr>,
     pub tls: TlsArgs,
+    /// Per-tenant limits.
+    pub quotas: QuotaLimits,
     /// The API key file; `None`: callers are not authenticated.
     pub api_keys: Option<PathBuf>,
     pub api_keys_reload: Duration,
@@ -254,6 +267,12 @@ impl TryFrom<Args> for Config {
             metrics_listen: args.server.metrics_listen,
             health_listen: args.server.health_listen,
             tls: args.server.tls,
+            quotas: QuotaLimits {
+                max_concurrent: (args.tenant_max_concurrent > 0)
+                    .then_some(args.tenant_max_concurrent),
+                tokens_per_minute: (args.tenant_tokens_per_minute > 0)
+                    .then_some(args.tenant_tokens_per_minute),
+            },
             api_keys: args.api_keys,
             api_keys_reload: Duration::from_millis(args.api_keys_reload_ms),
             verifier_tls_name: args.verifier_tls_name,
@@ -284,6 +303,7 @@ impl Config {
             metrics_listen: None,
             health_listen: None,
             tls: TlsArgs::plaintext(),
+            quotas: QuotaLimits::default(),
             api_keys: None,
             api_keys_reload: Duration::from_secs(10),
             verifier_tls_name: None,

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tonic::{Code, Status};
 
 use crate::auth::AuthError;
+use crate::quota::QuotaError;
 use crate::validation::ValidationError;
 
 /// Why a request failed.
@@ -21,6 +22,9 @@ pub enum GatewayError {
     /// tenant it named.
     #[error(transparent)]
     Auth(#[from] AuthError),
+    /// The tenant is over one of its quotas.
+    #[error(transparent)]
+    Quota(#[from] QuotaError),
     #[error("the gateway is at its limit of {limit} concurrent requests; retry later")]
     Overloaded { limit: usize },
     #[error("the request did not finish within its deadline of {:.3}s", timeout.as_secs_f64())]
@@ -60,7 +64,9 @@ impl GatewayError {
             Self::Invalid(_) => Code::InvalidArgument,
             Self::Auth(AuthError::OtherTenant { .. }) => Code::PermissionDenied,
             Self::Auth(_) => Code::Unauthenticated,
-            Self::Overloaded { .. } | Self::VerifierExhausted { .. } => Code::ResourceExhausted,
+            Self::Overloaded { .. } | Self::VerifierExhausted { .. } | Self::Quota(_) => {
+                Code::ResourceExhausted
+            }
             Self::DeadlineExceeded { .. } => Code::DeadlineExceeded,
             Self::NoVerifier { .. } => Code::Unavailable,
             Self::VerifierRejected { .. } => Code::InvalidArgument,
@@ -80,10 +86,16 @@ impl GatewayError {
     pub fn to_status(&self, request_id: &str) -> Status {
         let code = self.code();
         if code == Code::Internal {
-            Status::new(code, format!("internal error (request id {request_id})"))
-        } else {
-            Status::new(code, self.to_string())
+            return Status::new(code, format!("internal error (request id {request_id})"));
         }
+        let mut status = Status::new(code, self.to_string());
+        if let Self::Quota(q) = self {
+            // Trailers, as HTTP's Retry-After: whole seconds.
+            status
+                .metadata_mut()
+                .insert("retry-after", q.retry_after_secs().into());
+        }
+        status
     }
 }
 

@@ -28,6 +28,7 @@ mod metrics;
 mod model;
 mod output;
 mod placement;
+mod quota;
 mod resolve;
 mod server;
 mod service;

@@ -31,6 +31,7 @@ use crate::members::{ClientSettings, Members};
 use crate::metrics::{GatewayMetrics, MemberMetrics};
 use crate::model::ModelMeta;
 use crate::output::Delta;
+use crate::quota::{QuotaPermit, Quotas};
 use crate::resolve::{self, MemberSource, Sources};
 use crate::validation::{Limits, ValidGenerateRequest, Validator};
 
@@ -60,6 +61,8 @@ struct Shared {
     members: Arc<Members>,
     /// Who may call (API keys), as which tenant.
     callers: Callers,
+    /// Per-tenant limits.
+    quotas: Arc<Quotas>,
     /// Re-resolves `dns:///` entries for as long as the service lives.
     _resolve: Option<AbortOnDrop>,
 }
@@ -160,6 +163,7 @@ impl GenerationService {
                 metrics,
                 members,
                 callers,
+                quotas: Quotas::new(config.quotas),
                 _resolve: resolve,
             }),
         })
@@ -197,8 +201,10 @@ impl Generation for GenerationService {
             let caller = shared.callers.authenticate(request.metadata())?;
             let _permit = shared.admit()?;
             let valid = shared.validate(&caller, request.into_inner()).await?;
+            let quota = shared.quota(&valid)?;
             let mut collected = Collector::default();
             let summary = shared.decode.run(&valid, &ctx, &mut collected).await?;
+            quota.charge(u64::from(summary.usage.completion_tokens));
             Ok::<_, GatewayError>(collected.into_response(summary, &ctx))
         };
         let result = tokio::time::timeout_at(ctx.deadline.into(), work)
@@ -236,7 +242,8 @@ impl Generation for GenerationService {
             let caller = shared.callers.authenticate(request.metadata())?;
             let permit = shared.admit()?;
             let valid = shared.validate(&caller, request.into_inner()).await?;
-            Ok::<_, GatewayError>((permit, valid))
+            let quota = shared.quota(&valid)?;
+            Ok::<_, GatewayError>(((permit, quota), valid))
         };
         let admitted = tokio::time::timeout_at(ctx.deadline.into(), admitted)
             .instrument(span.clone())
@@ -310,6 +317,15 @@ impl Shared {
             })
     }
 
+    /// Takes the tenant's quota for the request, or refuses it.
+    fn quota(&self, valid: &ValidGenerateRequest) -> Result<QuotaPermit, GatewayError> {
+        Ok(self.quotas.admit(
+            &valid.tenant,
+            valid.prompt_tokens.len() as u64,
+            Instant::now(),
+        )?)
+    }
+
     /// Validates the request and fixes its tenant: the caller's key's,
     /// never another the request names.
     async fn validate(
@@ -344,7 +360,7 @@ impl Shared {
         self: Arc<Self>,
         valid: ValidGenerateRequest,
         ctx: RequestContext,
-        _permit: OwnedSemaphorePermit,
+        (_permit, quota): (OwnedSemaphorePermit, QuotaPermit),
         tx: mpsc::Sender<Result<GenerateChunk, Status>>,
         request_span: Span,
     ) {
@@ -365,6 +381,7 @@ impl Shared {
         };
         let last = match outcome {
             Ok(summary) => {
+                quota.charge(u64::from(summary.usage.completion_tokens));
                 let _entered = request_span.enter();
                 log_finished(
                     &ctx,

@@ -1,0 +1,264 @@
+//! Per-tenant quotas: requests running at once, and tokens per minute.
+//!
+//! A tenant over either is refused with RESOURCE_EXHAUSTED and a
+//! `retry-after` (seconds) in the trailers; other tenants are not touched,
+//! so one tenant's flood cannot starve another (the gateway-wide
+//! `--max-concurrent-requests` still bounds the total).
+//!
+//! Tokens are counted as they are used, not guessed up front: a request
+//! is admitted while its tenant's balance is positive, pays for its prompt
+//! then, and for its generated tokens when it ends. The balance refills at
+//! the per-minute rate up to one minute's worth and may go below zero (a
+//! long generation finishes; the tenant then waits until the refill brings
+//! it back above zero). That debt is why this is a small bucket of our own
+//! rather than `governor`: GCRA cannot charge after the fact, and charging
+//! `max_new_tokens` up front would bill callers for tokens they never got.
+//! Pure: the clock is passed in, unit-tested.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The limits, per tenant; `None`: unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuotaLimits {
+    pub max_concurrent: Option<usize>,
+    pub tokens_per_minute: Option<u64>,
+}
+
+/// Why a tenant's request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaError {
+    #[error("tenant `{tenant}` already runs {limit} requests, its limit; retry when one ends")]
+    Concurrent { tenant: String, limit: usize },
+    #[error("tenant `{tenant}` used its {limit} tokens per minute; retry in {}s", retry_after.as_secs())]
+    Tokens {
+        tenant: String,
+        limit: u64,
+        retry_after: Duration,
+    },
+}
+
+impl QuotaError {
+    /// When the caller may try again, as `retry-after` says it (whole
+    /// seconds, at least 1).
+    pub fn retry_after_secs(&self) -> u64 {
+        match self {
+            QuotaError::Concurrent { .. } => 1,
+            QuotaError::Tokens { retry_after, .. } => {
+                retry_after.as_secs_f64().ceil().max(1.0) as u64
+            }
+        }
+    }
+}
+
+/// Every tenant's use.
+#[derive(Debug)]
+pub struct Quotas {
+    limits: QuotaLimits,
+    tenants: Mutex<HashMap<String, Use>>,
+}
+
+#[derive(Debug)]
+struct Use {
+    running: usize,
+    /// Tokens left, as of `at`; negative: owed.
+    balance: f64,
+    at: Instant,
+}
+
+/// A running request's hold on its tenant's quota: released on drop;
+/// [`QuotaPermit::charge`] bills the tokens it generated.
+#[derive(Debug)]
+pub struct QuotaPermit {
+    quotas: Arc<Quotas>,
+    tenant: String,
+}
+
+impl Quotas {
+    pub fn new(limits: QuotaLimits) -> Arc<Quotas> {
+        Arc::new(Quotas {
+            limits,
+            tenants: Mutex::default(),
+        })
+    }
+
+    /// Admits a request of `tenant` with `prompt_tokens` at `now`, or says
+    /// why not.
+    pub fn admit(
+        self: &Arc<Quotas>,
+        tenant: &str,
+        prompt_tokens: u64,
+        now: Instant,
+    ) -> Result<QuotaPermit, QuotaError> {
+        let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        let full = self.capacity();
+        let entry = tenants.entry(tenant.to_string()).or_insert(Use {
+            running: 0,
+            balance: full,
+            at: now,
+        });
+        if let Some(limit) = self.limits.max_concurrent
+            && entry.running >= limit
+        {
+            return Err(QuotaError::Concurrent {
+                tenant: tenant.to_string(),
+                limit,
+            });
+        }
+        if let Some(per_minute) = self.limits.tokens_per_minute {
+            refill(entry, per_minute, now);
+            if entry.balance <= 0.0 {
+                // Until the refill brings the balance above zero.
+                let seconds = (-entry.balance + 1.0) * 60.0 / per_minute as f64;
+                return Err(QuotaError::Tokens {
+                    tenant: tenant.to_string(),
+                    limit: per_minute,
+                    retry_after: Duration::from_secs_f64(seconds),
+                });
+            }
+            entry.balance -= prompt_tokens as f64;
+        }
+        entry.running += 1;
+        Ok(QuotaPermit {
+            quotas: Arc::clone(self),
+            tenant: tenant.to_string(),
+        })
+    }
+
+    /// One minute of tokens: the most a tenant can bank.
+    fn capacity(&self) -> f64 {
+        self.limits.tokens_per_minute.map_or(0.0, |t| t as f64)
+    }
+
+    /// Tenants with state kept (running, or owing / refilling).
+    #[cfg(test)]
+    fn tenants(&self) -> usize {
+        self.tenants.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+fn refill(entry: &mut Use, per_minute: u64, now: Instant) {
+    let elapsed = now.saturating_duration_since(entry.at).as_secs_f64();
+    entry.balance = (entry.balance + elapsed * per_minute as f64 / 60.0).min(per_minute as f64);
+    entry.at = now;
+}
+
+impl QuotaPermit {
+    /// Bills `tokens` generated tokens to the tenant.
+    pub fn charge(&self, tokens: u64) {
+        if self.quotas.limits.tokens_per_minute.is_none() {
+            return;
+        }
+        let mut tenants = self
+            .quotas
+            .tenants
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = tenants.get_mut(&self.tenant) {
+            entry.balance -= tokens as f64;
+        }
+    }
+}
+
+impl Drop for QuotaPermit {
+    fn drop(&mut self) {
+        let mut tenants = self
+            .quotas
+            .tenants
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let per_minute = self.quotas.limits.tokens_per_minute;
+        let now = Instant::now();
+        if let Some(entry) = tenants.get_mut(&self.tenant) {
+            entry.running = entry.running.saturating_sub(1);
+            // A tenant with nothing running and a full bucket holds no
+            // state: the map does not grow with every tenant ever seen.
+            let full = match per_minute {
+                Some(p) => {
+                    refill(entry, p, now);
+                    entry.balance >= p as f64
+                }
+                None => true,
+            };
+            if entry.running == 0 && full {
+                tenants.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrency_is_per_tenant() {
+        let q = Quotas::new(QuotaLimits {
+            max_concurrent: Some(2),
+            tokens_per_minute: None,
+        });
+        let now = Instant::now();
+        let a1 = q.admit("a", 10, now).unwrap();
+        let _a2 = q.admit("a", 10, now).unwrap();
+        let refused = q.admit("a", 10, now).unwrap_err();
+        assert_eq!(
+            refused,
+            QuotaError::Concurrent {
+                tenant: "a".into(),
+                limit: 2
+            }
+        );
+        assert_eq!(refused.retry_after_secs(), 1);
+        let _b = q
+            .admit("b", 10, now)
+            .expect("another tenant is not touched");
+        drop(a1);
+        let _a3 = q.admit("a", 10, now).expect("a slot freed");
+    }
+
+    #[test]
+    fn tokens_are_billed_as_used_and_refill_per_minute() {
+        let q = Quotas::new(QuotaLimits {
+            max_concurrent: None,
+            tokens_per_minute: Some(600),
+        });
+        let t0 = Instant::now();
+        // A long generation runs the balance into debt: 100 + 900 = 1000
+        // of 600, so 400 owed.
+        let p = q.admit("a", 100, t0).unwrap();
+        p.charge(900);
+        let refused = q.admit("a", 1, t0).unwrap_err();
+        let QuotaError::Tokens { retry_after, .. } = &refused else {
+            panic!("{refused:?}")
+        };
+        // 401 tokens at 10 per second.
+        assert!(
+            (retry_after.as_secs_f64() - 40.1).abs() < 0.01,
+            "{retry_after:?}"
+        );
+        assert_eq!(refused.retry_after_secs(), 41);
+        assert!(
+            q.admit("b", 100, t0).is_ok(),
+            "another tenant has its own bucket"
+        );
+        assert!(q.admit("a", 1, t0 + Duration::from_secs(40)).is_err());
+        assert!(q.admit("a", 1, t0 + Duration::from_secs(41)).is_ok());
+    }
+
+    #[test]
+    fn idle_tenants_leave_no_state() {
+        let q = Quotas::new(QuotaLimits {
+            max_concurrent: Some(4),
+            tokens_per_minute: Some(1_000_000),
+        });
+        let p = q.admit("a", 0, Instant::now()).unwrap();
+        assert_eq!(q.tenants(), 1);
+        drop(p);
+        assert_eq!(q.tenants(), 0);
+        let owing = q.admit("b", 0, Instant::now()).unwrap();
+        owing.charge(500_000);
+        drop(owing);
+        assert_eq!(q.tenants(), 1, "a tenant that owes is remembered");
+    }
+}
