@@ -213,6 +213,9 @@ fn top_k_from_wire(
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use specmesh_draft::{CostCurve, PolicyError, TreeLimits};
     use specmesh_proto::{ANONYMOUS_TENANT, CurveFallback};

@@ -389,3 +389,6 @@ fn tokenize(tokenizer: &Tokenizer, text: Text) -> Result<Vec<u32>, ValidationErr
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fuzz;

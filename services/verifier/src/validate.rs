@@ -96,6 +96,9 @@ impl ValidRun {
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

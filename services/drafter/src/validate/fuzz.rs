@@ -1,0 +1,160 @@
+//! Fuzzing the drafter's wire edge: arbitrary `DraftStart`s and
+//! `StepOutcome`s (paths, committed tokens, top-k rows with non-finite
+//! log-probabilities) are accepted or refused with INVALID_ARGUMENT and a
+//! message; none panics. `PROPTEST_CASES` raises the count.
+
+use proptest::prelude::*;
+use specmesh_draft::TreeLimits;
+use specmesh_proto::v1;
+use specmesh_tree::TreeBuilder;
+use tonic::Code;
+
+use super::{Outcome, SpanOutcome, start};
+use crate::error::SessionError;
+
+fn any_float() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        -5.0f32..1.0,
+        Just(f32::NAN),
+        Just(f32::NEG_INFINITY),
+        any::<f32>()
+    ]
+}
+
+fn any_token() -> impl Strategy<Value = u32> {
+    prop_oneof![0u32..12, any::<u32>()]
+}
+
+fn any_start() -> impl Strategy<Value = v1::DraftStart> {
+    let curve = prop::collection::vec(
+        (
+            any::<u32>(),
+            prop_oneof![0.5f64..40.0, Just(f64::NAN), any::<f64>()],
+        )
+            .prop_map(|(tokens, relative_cost)| v1::CostPoint {
+                tokens,
+                relative_cost,
+            }),
+        0..8,
+    );
+    let sampling = (any_float(), any_float(), any::<u32>(), any::<u64>()).prop_map(
+        |(temperature, top_p, top_k, seed)| v1::SamplingParams {
+            temperature,
+            top_p,
+            top_k,
+            seed,
+        },
+    );
+    (
+        (any::<String>(), any::<u64>(), any::<String>()),
+        (
+            prop::collection::vec(any_token(), 0..200),
+            any::<u32>(),
+            prop_oneof![0u32..20, any::<u32>()],
+        ),
+        (
+            any::<u32>(),
+            any::<u32>(),
+            curve,
+            prop::option::of(sampling),
+            any::<i32>(),
+        ),
+        (
+            any::<String>(),
+            any::<u64>(),
+            any::<f64>(),
+            any::<u32>(),
+            any::<u64>(),
+        ),
+    )
+        .prop_map(|(ids, context, drafting, target)| {
+            let (session_id, epoch, tenant) = ids;
+            let (tokens, prompt_len, vocab_size) = context;
+            let (max_draft_tokens, max_depth, cost_curve, sampling, sources) = drafting;
+            let (
+                target_model,
+                target_vocab_fingerprint,
+                target_step_seconds,
+                batch_size,
+                first_step,
+            ) = target;
+            v1::DraftStart {
+                session_id,
+                epoch,
+                tenant,
+                tokens,
+                prompt_len,
+                vocab_size,
+                max_draft_tokens,
+                max_depth,
+                cost_curve,
+                sampling,
+                sources,
+                target_model,
+                target_vocab_fingerprint,
+                target_step_seconds,
+                batch_size,
+                first_step,
+            }
+        })
+}
+
+fn any_outcome() -> impl Strategy<Value = v1::StepOutcome> {
+    let row = (
+        prop::collection::vec(any_token(), 0..6),
+        prop::collection::vec(any_float(), 0..6),
+    )
+        .prop_map(|(tokens, logprobs)| v1::TopTokens { tokens, logprobs });
+    (
+        any::<u64>(),
+        prop::collection::vec(prop_oneof![0u32..6, any::<u32>()], 0..6),
+        prop::collection::vec(any_token(), 0..6),
+        prop::collection::vec(row, 0..6),
+        any::<u32>(),
+        prop_oneof![0u32..4, any::<u32>()],
+        any::<u64>(),
+    )
+        .prop_map(
+            |(step, path, committed, top_k, batch_size, span, tree_wait_us)| v1::StepOutcome {
+                step,
+                path,
+                committed,
+                top_k,
+                batch_size,
+                span,
+                tree_wait_us,
+            },
+        )
+}
+
+fn refused_with_a_reason(e: SessionError) -> Result<(), TestCaseError> {
+    let status = tonic::Status::from(e);
+    prop_assert_eq!(status.code(), Code::InvalidArgument, "{:?}", status);
+    prop_assert!(!status.message().is_empty());
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn any_start_is_valid_or_refused_with_a_reason(s in any_start()) {
+        match start(s, 128) {
+            Ok(spec) => prop_assert!(!spec.tokens.is_empty() && spec.tokens.len() <= 128),
+            Err(e) => refused_with_a_reason(e)?,
+        }
+    }
+
+    #[test]
+    fn any_outcome_is_valid_or_refused_with_a_reason(o in any_outcome(), steps in 1usize..4) {
+        let mut b = TreeBuilder::new(5, TreeLimits::new(8, 4, 10)).unwrap();
+        let a = b.push(0, 6, 0.9).unwrap();
+        b.push(a, 7, 0.8).unwrap();
+        b.push(0, 8, 0.3).unwrap();
+        let tree = b.build();
+        if let Err(e) = Outcome::from_wire(o.clone(), &tree, 10) {
+            refused_with_a_reason(e)?;
+        }
+        if let Err(e) = SpanOutcome::from_wire(o, steps, 10) {
+            refused_with_a_reason(e)?;
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Fuzzing the verifier's wire edge: arbitrary `RunRequest`s (tokens,
+//! sampling with non-finite floats, draft plans, ids) are validated or
+//! refused with INVALID_ARGUMENT and a message; none panics, and what
+//! passes keeps the limits. `PROPTEST_CASES` raises the count.
+
+use proptest::prelude::*;
+use specmesh_proto::v1;
+use tonic::Code;
+
+use super::{RunLimits, ValidRun};
+
+fn any_float() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        0.0f32..2.0,
+        Just(f32::NAN),
+        Just(f32::INFINITY),
+        Just(-0.5f32),
+        any::<f32>()
+    ]
+}
+
+fn any_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        "[a-z0-9:._-]{1,40}",
+        any::<String>(),
+        "x{100,300}"
+    ]
+}
+
+fn any_request() -> impl Strategy<Value = v1::RunRequest> {
+    let sampling = (
+        any_float(),
+        any_float(),
+        prop_oneof![0u32..64, any::<u32>()],
+        any::<u64>(),
+    )
+        .prop_map(|(temperature, top_p, top_k, seed)| v1::SamplingParams {
+            temperature,
+            top_p,
+            top_k,
+            seed,
+        });
+    let plan = (
+        any_text(),
+        prop_oneof![0u32..128, any::<u32>()],
+        any_text(),
+        any::<i32>(),
+        prop::collection::vec(any_text(), 0..4),
+    )
+        .prop_map(
+            |(endpoint, max_draft_tokens, tenant, sources, fallback_endpoints)| v1::DraftPlan {
+                endpoint,
+                max_draft_tokens,
+                tenant,
+                sources,
+                fallback_endpoints,
+            },
+        );
+    (
+        (
+            any_text(),
+            any::<u64>(),
+            prop::collection::vec(prop_oneof![0u32..300, any::<u32>()], 0..300),
+        ),
+        (
+            prop_oneof![0u32..300, any::<u32>()],
+            prop_oneof![0u32..300, any::<u32>()],
+        ),
+        (
+            prop::option::of(sampling),
+            prop::option::of(plan),
+            any_text(),
+            any_text(),
+            any::<bool>(),
+        ),
+    )
+        .prop_map(
+            |(
+                (session_id, epoch, tokens),
+                (prompt_len, max_new_tokens),
+                (sampling, draft, cache_key, tenant, release_cache),
+            )| {
+                v1::RunRequest {
+                    session_id,
+                    epoch,
+                    tokens,
+                    prompt_len,
+                    max_new_tokens,
+                    sampling,
+                    draft,
+                    cache_key,
+                    tenant,
+                    release_cache,
+                }
+            },
+        )
+}
+
+const LIMITS: RunLimits = RunLimits {
+    vocab: 256,
+    max_context: 512,
+    max_draft_tokens: 64,
+};
+
+proptest! {
+    #[test]
+    fn any_run_request_is_valid_or_refused_with_a_reason(request in any_request()) {
+        match ValidRun::from_wire(request, LIMITS) {
+            Ok(run) => {
+                prop_assert!(run.tokens.len() + run.max_new_tokens <= LIMITS.max_context);
+                prop_assert!(run.tokens.iter().all(|&t| t < LIMITS.vocab));
+                if let Some(plan) = &run.draft {
+                    prop_assert!((1..=LIMITS.max_draft_tokens).contains(&plan.max_draft_tokens));
+                }
+            }
+            Err(e) => {
+                let status = tonic::Status::from(e);
+                prop_assert_eq!(status.code(), Code::InvalidArgument, "{:?}", status);
+                prop_assert!(!status.message().is_empty());
+            }
+        }
+    }
+}
