@@ -208,6 +208,7 @@ pub mod mesh;
 pub mod pki;
 pub mod service;
 pub mod stats;
+pub mod tenants;
 
 /// The ids `specmesh tokenize` gives `text` (raw: no chat template) on the
 /// test model.

@@ -5,54 +5,22 @@
 
 use std::time::{Duration, Instant};
 
-use specmesh_e2e::cluster::COST_CURVE;
-use specmesh_e2e::mesh::chat_request;
-use specmesh_e2e::service::Service;
-use specmesh_e2e::{model_path, run, stdout_ok};
+use specmesh_e2e::run;
+use specmesh_e2e::stdout_ok;
+use specmesh_e2e::tenants::{KeyedMesh, TenantKey, chat_as, new_key, with_key};
 use specmesh_proto::v1;
 use specmesh_proto::v1::generation_client::GenerationClient;
 use tonic::Code;
 use tonic::transport::Channel;
 
-/// `specmesh api-key new --tenant TENANT`: the key and its file line.
-fn new_key(tenant: &str) -> (String, String) {
-    let out = stdout_ok(&run(["api-key", "new", "--tenant", tenant]));
-    let mut lines = out.lines();
-    let key = lines.next().unwrap().to_string();
-    let line = lines.next().unwrap().to_string();
-    assert!(
-        line.starts_with("sha256:") && line.ends_with(tenant),
-        "{line}"
-    );
-    assert!(!line.contains(&key), "the file line must not hold the key");
-    (key, line)
-}
-
-fn with_key(
-    message: v1::GenerateRequest,
-    key: Option<&str>,
-) -> tonic::Request<v1::GenerateRequest> {
-    let mut request = tonic::Request::new(message);
-    if let Some(key) = key {
-        request
-            .metadata_mut()
-            .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    }
-    request
-}
-
 /// A short request for the checks that do not look at drafting (so they
 /// leave nothing of the story in any tenant's index).
 fn probe(tenant: &str) -> v1::GenerateRequest {
-    let mut r = chat_request("Name three prime numbers.", 8);
-    r.tenant = tenant.to_string();
-    r
+    chat_as("Name three prime numbers.", 8, tenant)
 }
 
 fn story(tenant: &str) -> v1::GenerateRequest {
-    let mut r = chat_request("Write a short story about a lighthouse keeper.", 96);
-    r.tenant = tenant.to_string();
-    r
+    chat_as("Write a short story about a lighthouse keeper.", 96, tenant)
 }
 
 async fn accepted(client: &mut GenerationClient<Channel>, key: &str) -> (String, u32) {
@@ -67,41 +35,26 @@ async fn accepted(client: &mut GenerationClient<Channel>, key: &str) -> (String,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_key_names_the_tenant() {
     let dir = tempfile::tempdir().unwrap();
-    let (key_a, line_a) = new_key("team-a");
-    let (key_b, line_b) = new_key("team-b");
+    let TenantKey {
+        key: key_a,
+        line: line_a,
+    } = new_key("team-a");
+    let TenantKey {
+        key: key_b,
+        line: line_b,
+    } = new_key("team-b");
+    assert!(
+        line_a.starts_with("sha256:") && line_a.ends_with("team-a"),
+        "{line_a}"
+    );
+    assert!(
+        !line_a.contains(&key_a),
+        "the file line must not hold the key"
+    );
     let keys = dir.path().join("api-keys");
     std::fs::write(&keys, format!("# specmesh API keys\n{line_a}\n{line_b}\n")).unwrap();
-
-    let model = model_path().display().to_string();
-    let verifier = Service::start(
-        "specmesh-verifier",
-        &[
-            "--model",
-            &model,
-            "--threads",
-            "1",
-            "--cost-curve",
-            COST_CURVE,
-        ],
-        &[],
-    );
-    let drafter = Service::start("specmesh-drafter", &[] as &[&str], &[]);
-    let gateway = Service::start(
-        "specmesh-gateway",
-        &[
-            "--model",
-            &model,
-            "--verifiers",
-            &verifier.url,
-            "--drafters",
-            &drafter.url,
-            "--api-keys",
-            &keys.display().to_string(),
-            "--api-keys-reload-ms",
-            "200",
-        ],
-        &[],
-    );
+    let mesh = KeyedMesh::start(&keys, true, &["--api-keys-reload-ms", "200"]);
+    let gateway = &mesh.gateway;
     let mut client = GenerationClient::connect(gateway.url.clone())
         .await
         .unwrap();

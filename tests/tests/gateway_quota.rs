@@ -3,27 +3,9 @@
 //! RESOURCE_EXHAUSTED and a `retry-after`, while another tenant's requests
 //! go on as before.
 
-use specmesh_e2e::cluster::COST_CURVE;
-use specmesh_e2e::mesh::chat_request;
-use specmesh_e2e::service::Service;
-use specmesh_e2e::{model_path, run, stdout_ok};
-use specmesh_proto::v1;
+use specmesh_e2e::tenants::{KeyedMesh, TenantKey, chat_as, with_key};
 use specmesh_proto::v1::generation_client::GenerationClient;
 use tonic::Code;
-
-fn new_key(tenant: &str) -> (String, String) {
-    let out = stdout_ok(&run(["api-key", "new", "--tenant", tenant]));
-    let mut lines = out.lines().map(str::to_string);
-    (lines.next().unwrap(), lines.next().unwrap())
-}
-
-fn as_tenant(message: v1::GenerateRequest, key: &str) -> tonic::Request<v1::GenerateRequest> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    request
-}
 
 /// The `retry-after` a refusal carries, in seconds.
 fn retry_after(status: &tonic::Status) -> u64 {
@@ -40,62 +22,49 @@ fn retry_after(status: &tonic::Status) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenant_over_its_quota_does_not_stop_another() {
     let dir = tempfile::tempdir().unwrap();
-    let (key_a, line_a) = new_key("team-a");
-    let (key_b, line_b) = new_key("team-b");
+    let TenantKey {
+        key: key_a,
+        line: line_a,
+    } = specmesh_e2e::tenants::new_key("team-a");
+    let TenantKey {
+        key: key_b,
+        line: line_b,
+    } = specmesh_e2e::tenants::new_key("team-b");
     let keys = dir.path().join("api-keys");
     std::fs::write(&keys, format!("{line_a}\n{line_b}\n")).unwrap();
-
-    let model = model_path().display().to_string();
-    let verifier = Service::start(
-        "specmesh-verifier",
+    let mesh = KeyedMesh::start(
+        &keys,
+        false,
         &[
-            "--model",
-            &model,
-            "--threads",
-            "1",
-            "--cost-curve",
-            COST_CURVE,
-        ],
-        &[],
-    );
-    let gateway = Service::start(
-        "specmesh-gateway",
-        &[
-            "--model",
-            &model,
-            "--verifiers",
-            &verifier.url,
-            "--api-keys",
-            &keys.display().to_string(),
             "--tenant-max-concurrent",
             "1",
             "--tenant-tokens-per-minute",
             "600",
         ],
-        &[],
     );
+    let gateway = &mesh.gateway;
     let mut client = GenerationClient::connect(gateway.url.clone())
         .await
         .unwrap();
 
     // A's one allowed request runs (a stream); A's second is refused, B's
     // goes through.
-    let long = chat_request("Write a short story about a lighthouse keeper.", 200);
+    let long = chat_as("Write a short story about a lighthouse keeper.", 200, "");
     let mut running = client
-        .generate_stream(as_tenant(long, &key_a))
+        .generate_stream(with_key(long, Some(&key_a)))
         .await
         .unwrap()
         .into_inner();
     running.message().await.unwrap().expect("a first chunk");
-    let short = || chat_request("Name three prime numbers.", 8);
+    let short = || chat_as("Name three prime numbers.", 8, "");
     let refused = client
-        .generate(as_tenant(short(), &key_a))
+        .generate(with_key(short(), Some(&key_a)))
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
     assert!(refused.message().contains("team-a"), "{refused:?}");
     assert!(retry_after(&refused) >= 1);
-    let b = client.generate(as_tenant(short(), &key_b)).await;
+    let b = client.generate(with_key(short(), Some(&key_b))).await;
     assert!(
         b.is_ok(),
         "B is not held back by A's running request: {b:?}"
@@ -107,7 +76,7 @@ async fn one_tenant_over_its_quota_does_not_stop_another() {
     // long; B still has its own.
     let mut a_refused = None;
     for _ in 0..30 {
-        match client.generate(as_tenant(short(), &key_a)).await {
+        match client.generate(with_key(short(), Some(&key_a))).await {
             Ok(_) => continue,
             Err(status) => {
                 a_refused = Some(status);
@@ -120,6 +89,6 @@ async fn one_tenant_over_its_quota_does_not_stop_another() {
     assert!(status.message().contains("tokens per minute"), "{status:?}");
     let wait = retry_after(&status);
     assert!((1..=60).contains(&wait), "retry-after {wait}");
-    let b = client.generate(as_tenant(short(), &key_b)).await;
+    let b = client.generate(with_key(short(), Some(&key_b))).await;
     assert!(b.is_ok(), "B's tokens are its own: {b:?}");
 }
