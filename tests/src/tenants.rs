@@ -2,7 +2,7 @@
 //! gateway authenticates them: shared by the authentication and quota
 //! tests.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use specmesh_proto::v1;
 
@@ -54,7 +54,7 @@ pub struct KeyedMesh {
 }
 
 impl KeyedMesh {
-    pub fn start(keys: &PathBuf, with_drafter: bool, gateway_args: &[&str]) -> KeyedMesh {
+    pub fn start(keys: &Path, with_drafter: bool, gateway_args: &[&str]) -> KeyedMesh {
         let model = model_path().display().to_string();
         let verifier = Service::start(
             "specmesh-verifier",
