@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Checks the deployment artifacts without a cluster or a container registry:
-#   - every kustomize overlay renders (kubectl kustomize) and its manifests
-#     pass strict schema validation for Kubernetes 1.30 and 1.35
-#     (kubernetes-validate --strict: unknown fields are errors);
+#   - every kustomize overlay, and the bootstrap CA (deploy/k8s/mesh-ca),
+#     renders (kubectl kustomize) and its manifests pass strict schema
+#     validation for Kubernetes 1.30 and 1.35 (kubernetes-validate --strict:
+#     unknown fields are errors). kubernetes-validate has no schema for
+#     cert-manager's kinds (Issuer, Certificate): it warns and passes them;
+#     tests/tests/deploy_manifests.rs checks their fields;
 #   - the Dockerfile passes hadolint;
 #   - the Prometheus rules pass `promtool check rules` and their unit tests
 #     (`promtool test rules`), and the scrape configuration `promtool check
@@ -61,7 +64,7 @@ need "$tools/hadolint" "scripts/python-env.sh installs it; or set SPECMESH_TOOLS
 need "$tools/python" "scripts/python-env.sh; or set SPECMESH_TOOLS_BIN"
 
 # --- Kubernetes manifests
-for overlay in deploy/k8s/overlays/*/; do
+for overlay in deploy/k8s/overlays/*/ deploy/k8s/mesh-ca/; do
     overlay="${overlay%/}"
     name="$(basename "$overlay")"
     rendered="$work/$name.yaml"

@@ -203,6 +203,7 @@ pub fn error_line(out: &Output) -> String {
 
 pub mod chaos;
 pub mod cluster;
+pub mod deploy;
 pub mod load;
 pub mod mesh;
 pub mod pki;

@@ -1,170 +1,20 @@
 //! The deployment artifacts, checked without a cluster or a registry: the
-//! kustomize overlays render and pass strict schema validation for
-//! Kubernetes 1.30 and 1.35 (and a manifest with an unknown field does not),
-//! every Deployment is probed over gRPC, runs unprivileged on a read-only
-//! root filesystem and is sized, the gateway finds verifiers and drafters
-//! through headless Services by `dns:///` names, the alert rules pass
-//! promtool's check and unit tests, the dashboard and the alerts name only
-//! metrics the services define, and the Dockerfile passes hadolint.
-//!
-//! Tools: `promtool` (scripts/tools.sh), and `kubectl` (with kustomize;
-//! `SPECMESH_KUBECTL` overrides it), `kubernetes-validate`, `hadolint` and
-//! PyYAML from the Python environment of tests/python/requirements.txt
-//! (`SPECMESH_TEST_PYTHON`; its tools are looked up next to the interpreter
-//! or in `SPECMESH_TOOLS_BIN`). `scripts/check-deploy.sh` runs the same
-//! checks from the shell. No specmesh binary is needed.
+//! kustomize overlays (and the bootstrap CA) render and pass strict schema
+//! validation for Kubernetes 1.30 and 1.35 (and a manifest with an unknown
+//! field does not), every Deployment is probed over gRPC on its plaintext
+//! health port, runs unprivileged on a read-only root filesystem and is
+//! sized, the gateway finds verifiers and drafters through headless
+//! Services by `dns:///` names, the alert rules pass promtool's check and
+//! unit tests, the dashboard and the alerts name only metrics the services
+//! define, and the Dockerfile passes hadolint. The transport and
+//! authentication wiring is checked in `deploy_security.rs`; the tools are
+//! listed in `specmesh_e2e::deploy`.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::Command;
 
 use serde_json::Value;
-
-const K8S_VERSIONS: [&str; 2] = ["1.30.0", "1.35.0"];
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// `SPECMESH_TEST_PYTHON`: an interpreter with PyYAML (scripts/python-env.sh).
-fn python() -> String {
-    std::env::var("SPECMESH_TEST_PYTHON").unwrap_or_else(|_| {
-        let home = std::env::var("HOME").unwrap_or_default();
-        format!("{home}/.cache/specmesh/venv-grpc/bin/python")
-    })
-}
-
-/// A tool of the Python environment: in `SPECMESH_TOOLS_BIN`, else next to
-/// the interpreter.
-fn venv_tool(name: &str) -> PathBuf {
-    let bin = std::env::var_os("SPECMESH_TOOLS_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(python())
-                .parent()
-                .map(Path::to_path_buf)
-                .unwrap_or_default()
-        });
-    bin.join(name)
-}
-
-/// Runs `cmd` in the repository root, feeding it `stdin`.
-fn run(cmd: &mut Command, stdin: Option<&[u8]>) -> Output {
-    let what = format!("{cmd:?}");
-    let mut child = cmd
-        .current_dir(repo())
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {what}: {e} (the tools are listed atop this file)"));
-    if let Some(input) = stdin {
-        let mut pipe = child.stdin.take().unwrap();
-        let input = input.to_vec();
-        std::thread::spawn(move || {
-            let _ = pipe.write_all(&input);
-        });
-    }
-    child.wait_with_output().unwrap()
-}
-
-/// The stdout of a command that must have succeeded.
-fn succeed(what: &str, out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// Every overlay under deploy/k8s/overlays.
-fn overlays() -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(repo().join("deploy/k8s/overlays"))
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    assert!(
-        names.len() >= 2,
-        "expected the dev and production overlays, found {names:?}"
-    );
-    names
-}
-
-/// `kubectl kustomize` of an overlay: its manifests as one YAML stream.
-fn render(overlay: &str) -> String {
-    let kubectl = std::env::var_os("SPECMESH_KUBECTL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| venv_tool("kubectl"));
-    let dir = format!("deploy/k8s/overlays/{overlay}");
-    let out = run(
-        Command::new(kubectl).args(["kustomize", dir.as_str()]),
-        None,
-    );
-    succeed(&format!("kubectl kustomize {dir}"), out)
-}
-
-/// The documents of a YAML stream, through PyYAML.
-fn documents(yaml: &str) -> Vec<Value> {
-    const TO_JSON: &str = "import json, sys, yaml\njson.dump([d for d in yaml.safe_load_all(sys.stdin) if d], sys.stdout)";
-    let out = run(
-        Command::new(python()).args(["-c", TO_JSON]),
-        Some(yaml.as_bytes()),
-    );
-    let json = succeed("PyYAML (set SPECMESH_TEST_PYTHON)", out);
-    match serde_json::from_str::<Value>(&json).unwrap() {
-        Value::Array(docs) => docs,
-        other => panic!("expected a list of documents, got {other}"),
-    }
-}
-
-/// `kubernetes-validate --strict` of `manifests` against Kubernetes `version`.
-fn validate(manifests: &str, version: &str) -> Output {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("manifests.yaml");
-    std::fs::write(&file, manifests).unwrap();
-    run(
-        Command::new(venv_tool("kubernetes-validate"))
-            .args(["--strict", "--quiet", "-k", version])
-            .arg(&file),
-        None,
-    )
-}
-
-/// The `data` of the ConfigMap a container reads through `envFrom`.
-fn config_of<'a>(docs: &'a [Value], container: &Value) -> &'a Value {
-    let name = &container["envFrom"][0]["configMapRef"]["name"];
-    let map = docs
-        .iter()
-        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == *name)
-        .unwrap_or_else(|| panic!("no ConfigMap {name} for container {}", container["name"]));
-    &map["data"]
-}
-
-fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
-    docs.iter()
-        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
-        .unwrap_or_else(|| panic!("no {kind} {name}"))
-}
-
-/// The port named `grpc` of a container or Service.
-fn grpc_port(ports: &Value, field: &str) -> u64 {
-    let ports = ports.as_array().expect("ports");
-    let grpc = ports
-        .iter()
-        .find(|p| p["name"] == "grpc")
-        .expect("a port named grpc");
-    grpc[field].as_u64().unwrap()
-}
+use specmesh_e2e::deploy::*;
 
 #[test]
 fn overlays_render_and_pass_strict_validation() {
@@ -179,14 +29,13 @@ fn overlays_render_and_pass_strict_validation() {
             succeed(&what, validate(&manifests, version));
         }
     }
-}
-
-/// Documents as a YAML stream: JSON is YAML, one document per line.
-fn stream(docs: &[Value]) -> String {
-    docs.iter()
-        .map(Value::to_string)
-        .collect::<Vec<_>>()
-        .join("\n---\n")
+    // Only cert-manager kinds: kubernetes-validate warns that it has no
+    // schema and passes; cert_manager_objects_use_known_fields checks them.
+    let manifests = kustomize(MESH_CA);
+    for version in K8S_VERSIONS {
+        let what = format!("kubernetes-validate --strict -k {version} of {MESH_CA}");
+        succeed(&what, validate(&manifests, version));
+    }
 }
 
 #[test]
@@ -266,15 +115,30 @@ fn deployments_are_probed_unprivileged_read_only_and_sized() {
                 }
             }
             for c in main {
-                let port = grpc_port(&c["ports"], "containerPort");
+                // Kubelet's gRPC probes speak no TLS: they target the
+                // plaintext health listener, not the (TLS) gRPC port.
+                let config = config_of(&docs, c);
+                let health = port_named(&c["ports"], "health", "containerPort");
+                assert_ne!(
+                    health,
+                    grpc_port(&c["ports"], "containerPort"),
+                    "{name}: the health port is not the gRPC port"
+                );
+                let listen = config
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .find(|(k, _)| k.ends_with("_HEALTH_LISTEN"))
+                    .and_then(|(_, v)| v.as_str())
+                    .unwrap_or_else(|| panic!("{name}: no HEALTH_LISTEN in its ConfigMap"));
+                assert_eq!(listen, format!("0.0.0.0:{health}"), "{name}");
                 for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
                     assert_eq!(
-                        c[probe]["grpc"]["port"], port,
-                        "{name}: {probe} on the grpc port"
+                        c[probe]["grpc"]["port"], health,
+                        "{name}: {probe} on the health port"
                     );
                 }
                 // The pod outlives the service's drain (and its preStop sleep).
-                let config = config_of(&docs, c);
                 let grace: u64 = config
                     .as_object()
                     .unwrap()

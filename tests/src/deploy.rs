@@ -1,0 +1,232 @@
+//! What the deployment checks share (`tests/tests/deploy_*.rs`): rendering
+//! the kustomize overlays, strict schema validation, and reading the
+//! rendered documents.
+//!
+//! Tools: `promtool` (scripts/tools.sh), and `kubectl` (with kustomize;
+//! `SPECMESH_KUBECTL` overrides it), `kubernetes-validate`, `hadolint` and
+//! PyYAML from the Python environment of tests/python/requirements.txt
+//! (`SPECMESH_TEST_PYTHON`; its tools are looked up next to the interpreter
+//! or in `SPECMESH_TOOLS_BIN`). `scripts/check-deploy.sh` runs the same
+//! checks from the shell. No specmesh binary is needed.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+pub const K8S_VERSIONS: [&str; 2] = ["1.30.0", "1.35.0"];
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `SPECMESH_TEST_PYTHON`: an interpreter with PyYAML (scripts/python-env.sh).
+pub fn python() -> String {
+    std::env::var("SPECMESH_TEST_PYTHON").unwrap_or_else(|_| {
+        let home = std::env::var("HOME").unwrap_or_default();
+        format!("{home}/.cache/specmesh/venv-grpc/bin/python")
+    })
+}
+
+/// A tool of the Python environment: in `SPECMESH_TOOLS_BIN`, else next to
+/// the interpreter.
+pub fn venv_tool(name: &str) -> PathBuf {
+    let bin = std::env::var_os("SPECMESH_TOOLS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(python())
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default()
+        });
+    bin.join(name)
+}
+
+/// Runs `cmd` in the repository root, feeding it `stdin`.
+pub fn run(cmd: &mut Command, stdin: Option<&[u8]>) -> Output {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .current_dir(repo())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e} (the tools are listed atop this file)"));
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().unwrap();
+        let input = input.to_vec();
+        std::thread::spawn(move || {
+            let _ = pipe.write_all(&input);
+        });
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The stdout of a command that must have succeeded.
+pub fn succeed(what: &str, out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Every overlay under deploy/k8s/overlays.
+pub fn overlays() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(repo().join("deploy/k8s/overlays"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(
+        names.len() >= 2,
+        "expected the dev and production overlays, found {names:?}"
+    );
+    names
+}
+
+/// `kubectl kustomize` of an overlay: its manifests as one YAML stream.
+pub fn render(overlay: &str) -> String {
+    kustomize(&format!("deploy/k8s/overlays/{overlay}"))
+}
+
+/// `kubectl kustomize` of a directory of the repository.
+pub fn kustomize(dir: &str) -> String {
+    let kubectl = std::env::var_os("SPECMESH_KUBECTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| venv_tool("kubectl"));
+    let out = run(Command::new(kubectl).args(["kustomize", dir]), None);
+    succeed(&format!("kubectl kustomize {dir}"), out)
+}
+
+/// The self-signed bootstrap CA (applied apart from the overlays).
+pub const MESH_CA: &str = "deploy/k8s/mesh-ca";
+
+/// The documents of a YAML stream, through PyYAML.
+pub fn documents(yaml: &str) -> Vec<Value> {
+    const TO_JSON: &str = "import json, sys, yaml\njson.dump([d for d in yaml.safe_load_all(sys.stdin) if d], sys.stdout)";
+    let out = run(
+        Command::new(python()).args(["-c", TO_JSON]),
+        Some(yaml.as_bytes()),
+    );
+    let json = succeed("PyYAML (set SPECMESH_TEST_PYTHON)", out);
+    match serde_json::from_str::<Value>(&json).unwrap() {
+        Value::Array(docs) => docs,
+        other => panic!("expected a list of documents, got {other}"),
+    }
+}
+
+/// `kubernetes-validate --strict` of `manifests` against Kubernetes `version`.
+pub fn validate(manifests: &str, version: &str) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("manifests.yaml");
+    std::fs::write(&file, manifests).unwrap();
+    run(
+        Command::new(venv_tool("kubernetes-validate"))
+            .args(["--strict", "--quiet", "-k", version])
+            .arg(&file),
+        None,
+    )
+}
+
+/// The `data` of the ConfigMap a container reads through `envFrom`.
+pub fn config_of<'a>(docs: &'a [Value], container: &Value) -> &'a Value {
+    let name = &container["envFrom"][0]["configMapRef"]["name"];
+    let map = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == *name)
+        .unwrap_or_else(|| panic!("no ConfigMap {name} for container {}", container["name"]));
+    &map["data"]
+}
+
+pub fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// The port named `grpc` of a container or Service.
+pub fn grpc_port(ports: &Value, field: &str) -> u64 {
+    port_named(ports, "grpc", field)
+}
+
+/// The port named `name` of a container or Service.
+pub fn port_named(ports: &Value, name: &str, field: &str) -> u64 {
+    let ports = ports.as_array().expect("ports");
+    let port = ports
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("a port named {name}"));
+    port[field].as_u64().unwrap()
+}
+
+/// The Deployments of the three services, by component (`gateway`,
+/// `verifier`, `drafter`), each with its main container.
+pub fn services(docs: &[Value]) -> Vec<(String, &Value, &Value)> {
+    let found: Vec<(String, &Value, &Value)> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Deployment")
+        .map(|d| {
+            let component = d["metadata"]["labels"]["app.kubernetes.io/component"]
+                .as_str()
+                .expect("a component label")
+                .to_string();
+            (
+                component,
+                d,
+                &d["spec"]["template"]["spec"]["containers"][0],
+            )
+        })
+        .collect();
+    let mut names: Vec<&str> = found.iter().map(|(c, _, _)| c.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["drafter", "gateway", "verifier"]);
+    found
+}
+
+/// The prefix of a service's variables: `SPECMESH_VERIFIER_`.
+pub fn prefix(component: &str) -> String {
+    format!("SPECMESH_{}_", component.to_uppercase())
+}
+
+/// The setting `var` of a ConfigMap's data, if there.
+pub fn setting<'a>(config: &'a Value, var: &str) -> Option<&'a str> {
+    config[var].as_str()
+}
+
+/// The volume (of `deployment`) mounted in `container` at the directory
+/// holding `path`, with its mount, if any.
+pub fn mount_of<'a>(
+    deployment: &'a Value,
+    container: &'a Value,
+    path: &str,
+) -> Option<(&'a Value, &'a Value)> {
+    let dir = Path::new(path).parent()?;
+    let mount = container["volumeMounts"]
+        .as_array()?
+        .iter()
+        .find(|m| m["mountPath"].as_str().map(Path::new) == Some(dir))?;
+    let volume = deployment["spec"]["template"]["spec"]["volumes"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == mount["name"])?;
+    Some((volume, mount))
+}
+
+/// Documents as a YAML stream: JSON is YAML, one document per line.
+pub fn stream(docs: &[Value]) -> String {
+    docs.iter()
+        .map(Value::to_string)
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
