@@ -4,7 +4,8 @@
 //! and the graceful drain; [`client`]: channels to a peer service;
 //! [`shutdown`]: the signals; [`telemetry`]: tracing with trace-context
 //! propagation; [`affinity`]: `--cpus`; [`metrics`]: Prometheus `/metrics`;
-//! [`tls`]: mutual TLS with certificate rotation.
+//! [`tls`]: mutual TLS with certificate rotation; [`reload`]: files read
+//! again while serving.
 
 #![forbid(unsafe_code)]
 
@@ -12,6 +13,7 @@ pub mod affinity;
 pub mod cli;
 pub mod client;
 pub mod metrics;
+pub mod reload;
 pub mod serve;
 pub mod shutdown;
 pub mod telemetry;

@@ -25,7 +25,7 @@ pub mod identity;
 mod incoming;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rustls::{ClientConfig, ServerConfig};
@@ -141,7 +141,12 @@ impl Security {
         };
         let allow = Allowlist::new(args.tls_allow_san.iter().cloned());
         let tls = MeshTls::load(files, client_auth, allow)?;
-        tls.watch(Duration::from_millis(args.tls_reload_ms));
+        crate::reload::every(
+            &tls,
+            Duration::from_millis(args.tls_reload_ms),
+            "TLS files changed but do not load: keeping the previous ones",
+            MeshTls::reload,
+        );
         Ok(Security::Tls(tls))
     }
 
@@ -220,22 +225,6 @@ impl MeshTls {
         announce(&loaded, &self.allow, "TLS certificates rotated");
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = loaded;
         Ok(true)
-    }
-
-    /// Reloads every `interval` for as long as the service holds this.
-    fn watch(self: &Arc<MeshTls>, interval: Duration) {
-        let weak: Weak<MeshTls> = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.tick().await;
-            loop {
-                ticker.tick().await;
-                let Some(tls) = weak.upgrade() else { return };
-                if let Err(e) = tls.reload() {
-                    warn!(error = %e, "TLS files changed but do not load: keeping the previous ones");
-                }
-            }
-        });
     }
 }
 

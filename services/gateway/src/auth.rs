@@ -25,7 +25,7 @@
 mod keys;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tonic::metadata::MetadataMap;
@@ -70,7 +70,12 @@ impl Callers {
             return Ok(Callers::Open);
         };
         let ring = KeyRing::load(path.to_path_buf())?;
-        ring.watch(reload);
+        specmesh_server::reload::every(
+            &ring,
+            reload,
+            "the API key file changed but does not load: keeping the previous keys",
+            KeyRing::reload,
+        );
         Ok(Callers::Keys(ring))
     }
 
@@ -156,21 +161,6 @@ impl KeyRing {
         );
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = (bytes, keys);
         Ok(true)
-    }
-
-    fn watch(self: &Arc<KeyRing>, interval: Duration) {
-        let weak: Weak<KeyRing> = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.tick().await;
-            loop {
-                ticker.tick().await;
-                let Some(ring) = weak.upgrade() else { return };
-                if let Err(e) = ring.reload() {
-                    warn!(error = %e, "the API key file changed but does not load: keeping the previous keys");
-                }
-            }
-        });
     }
 }
 
