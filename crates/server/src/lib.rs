@@ -39,6 +39,16 @@ pub fn exit_code(service: &Service, served: anyhow::Result<()>) -> std::process:
     }
 }
 
+/// A background task that stops with its owner.
+#[derive(Debug)]
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Bytes of a message carrying `tokens` token ids plus `rest` bytes of
 /// other fields: a token is a varint of at most 5 bytes. Services size
 /// their message limits with it from their own bounds, so the largest

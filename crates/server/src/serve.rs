@@ -26,6 +26,7 @@ use tonic::service::Routes;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
+use crate::AbortOnDrop;
 use crate::tls::Security;
 
 /// What a service does while the server drains.
@@ -199,15 +200,6 @@ async fn serve_health(
             tracing::warn!(error = %e, "the health listener stopped");
         }
     })))
-}
-
-/// Aborts the task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// Tells a launcher where the service listens (stdout), and the logs.

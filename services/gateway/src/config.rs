@@ -395,7 +395,8 @@ fn http_endpoint(flag: &'static str, entry: &str) -> Result<String, ConfigError>
                 reason: e.to_string(),
             },
         )?;
-    // This build carries no TLS, so https would only fail at connect time.
+    // TLS is the service's setting (`--tls-*`) for every member, not an
+    // entry's: `https://` would say something the flags may contradict.
     let plain_http = uri.scheme_str() == Some("http");
     let bare = uri.path_and_query().is_none_or(|p| p.as_str() == "/");
     if !plain_http || uri.host().is_none() || !bare {

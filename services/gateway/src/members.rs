@@ -14,6 +14,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use specmesh_proto::v1::verifier_client::VerifierClient;
 use specmesh_server::Dialer;
+use specmesh_server::client::BadEndpoint;
 use tonic::transport::Channel;
 use tracing::{info, warn};
 
@@ -105,8 +106,9 @@ impl Members {
     /// Makes `endpoints` the members of `role`, in that order (see
     /// [`Placer::set_verifiers`]), and logs what changed. Watching needs a
     /// runtime: outside one (never the server's case) members are placed on
-    /// unwatched.
-    pub fn set(&self, role: Role, endpoints: &[String]) {
+    /// unwatched. Returns the endpoints that cannot be dialed (left out).
+    pub fn set(&self, role: Role, endpoints: &[String]) -> Vec<BadEndpoint> {
+        let mut refused = Vec::new();
         let mut inner = self.lock();
         // Channels first: an endpoint that cannot make one (never a valid
         // flag entry nor a resolved address) stays out.
@@ -131,7 +133,8 @@ impl Members {
                     kept.push(endpoint.clone());
                 }
                 Err(e) => {
-                    warn!(role = role.name(), endpoint = %e.endpoint, reason = %e.reason, "cannot use member")
+                    warn!(role = role.name(), endpoint = %e.endpoint, reason = %e.reason, "cannot use member");
+                    refused.push(e);
                 }
             }
         }
@@ -163,6 +166,7 @@ impl Members {
                 inner.clients.remove(&member.endpoint);
             }
         }
+        refused
     }
 
     /// Members up and down now.

@@ -15,7 +15,7 @@ use specmesh_proto::v1::generation_server::Generation;
 use specmesh_proto::v1::{
     FinishReason, GenerateChunk, GenerateRequest, GenerateResponse, SpeculationStats, Usage,
 };
-use specmesh_server::{Dialer, Security};
+use specmesh_server::{AbortOnDrop, Dialer, Security};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{MetadataMap, MetadataValue};
@@ -32,7 +32,7 @@ use crate::metrics::{GatewayMetrics, MemberMetrics};
 use crate::model::ModelMeta;
 use crate::output::Delta;
 use crate::quota::{QuotaPermit, Quotas};
-use crate::resolve::{self, MemberSource, Sources};
+use crate::resolve::{self, Sources};
 use crate::validation::{Limits, ValidGenerateRequest, Validator};
 
 /// Chunks buffered between the decode loop and a slow streaming client;
@@ -67,16 +67,6 @@ struct Shared {
     _resolve: Option<AbortOnDrop>,
 }
 
-/// A background task that stops with its owner.
-#[derive(Debug)]
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 impl GenerationService {
     /// Builds the service: verifier channels connect lazily (the service
     /// kit's client channel, with HTTP/2 pings that notice a silently dead
@@ -105,26 +95,6 @@ impl GenerationService {
             default_max_new_tokens: DEFAULT_MAX_NEW_TOKENS,
             max_draft_tokens: config.max_draft_tokens,
         };
-        // Static entries are checked here, so a bad one fails the start.
-        for (flag, sources) in [
-            ("verifiers", &config.verifiers),
-            ("drafters", &config.drafters),
-        ] {
-            for source in sources {
-                if let MemberSource::Static(endpoint) = source {
-                    Dialer {
-                        security: Security::Plaintext,
-                        connect_timeout: config.connect_timeout,
-                    }
-                    .channel(endpoint, None)
-                    .map_err(|e| ConfigError::BadEndpoint {
-                        flag,
-                        endpoint: e.endpoint,
-                        reason: e.reason,
-                    })?;
-                }
-            }
-        }
         let members = Arc::new(Members::new(ClientSettings {
             dialer: Dialer {
                 security,
@@ -139,8 +109,17 @@ impl GenerationService {
             drafters: config.drafters.clone(),
             interval: config.resolve_interval,
         };
-        members.set(Role::Verifier, &sources.initial(Role::Verifier));
-        members.set(Role::Drafter, &sources.initial(Role::Drafter));
+        // The static entries are the initial members; one that cannot be
+        // dialed fails the start.
+        for (role, flag) in [(Role::Verifier, "verifiers"), (Role::Drafter, "drafters")] {
+            if let Some(e) = members.set(role, &sources.initial(role)).into_iter().next() {
+                return Err(ConfigError::BadEndpoint {
+                    flag,
+                    endpoint: e.endpoint,
+                    reason: e.reason,
+                });
+            }
+        }
         // Resolving needs a runtime; a service built outside one (never the
         // server's case) has its static members only.
         let resolve = (sources.is_dynamic() && tokio::runtime::Handle::try_current().is_ok())
