@@ -84,6 +84,12 @@ impl Cluster {
         gateway_args: &[&str],
     ) -> Cluster {
         let model = model_path().display().to_string();
+        let drafter_addrs: Vec<String> = (0..drafters).map(|_| free_addr()).collect();
+        let drafter_list = drafter_addrs
+            .iter()
+            .map(|a| format!("http://{a}"))
+            .collect::<Vec<_>>()
+            .join(",");
         let mut members = Vec::new();
         for _ in 0..verifiers {
             let mut args: Vec<String> = ["--model", &model, "--threads", "1"]
@@ -91,17 +97,20 @@ impl Cluster {
                 .map(|s| (*s).to_string())
                 .collect();
             args.extend(["--cost-curve".to_string(), COST_CURVE.to_string()]);
+            if drafters > 0 {
+                args.extend(["--drafters".to_string(), drafter_list.clone()]);
+            }
             args.extend(verifier_args.iter().map(|s| (*s).to_string()));
-            members.push((Role::Verifier, args));
+            members.push((Role::Verifier, free_addr(), args));
         }
-        for _ in 0..drafters {
-            members.push((Role::Drafter, Vec::new()));
+        for addr in drafter_addrs {
+            members.push((Role::Drafter, addr, Vec::new()));
         }
         let mut members: Vec<Member> = members
             .into_iter()
-            .map(|(role, args)| Member {
+            .map(|(role, addr, args)| Member {
                 role,
-                addr: free_addr(),
+                addr,
                 args,
                 service: None,
                 up_since: Instant::now(),

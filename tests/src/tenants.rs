@@ -56,19 +56,19 @@ pub struct KeyedMesh {
 impl KeyedMesh {
     pub fn start(keys: &Path, with_drafter: bool, gateway_args: &[&str]) -> KeyedMesh {
         let model = model_path().display().to_string();
-        let verifier = Service::start(
-            "specmesh-verifier",
-            &[
-                "--model",
-                &model,
-                "--threads",
-                "1",
-                "--cost-curve",
-                COST_CURVE,
-            ],
-            &[],
-        );
         let drafter = with_drafter.then(|| Service::start("specmesh-drafter", &[] as &[&str], &[]));
+        let mut verifier_args = vec![
+            "--model",
+            &model,
+            "--threads",
+            "1",
+            "--cost-curve",
+            COST_CURVE,
+        ];
+        if let Some(d) = &drafter {
+            verifier_args.extend(["--drafters", &d.url]);
+        }
+        let verifier = Service::start("specmesh-verifier", &verifier_args, &[]);
         let mut args: Vec<String> = [
             "--model",
             &model,

@@ -58,6 +58,11 @@ impl Dns {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("dnsmasq (Debian's dnsmasq-base; scripts/tools.sh installs it)");
+        std::fs::write(
+            dir.path().join("resolv.conf"),
+            format!("nameserver {DNS_ADDR}\noptions timeout:1\n"),
+        )
+        .unwrap();
         let dns = Dns { child, hosts, dir };
         // Ready once it answers for a name it serves.
         let until = Instant::now() + Duration::from_secs(10);
@@ -90,10 +95,10 @@ impl Dns {
         found
     }
 
+    /// A resolv.conf naming this server, written once at start: rewriting
+    /// it while a service in a namespace reads it would show an empty file.
     fn resolv_conf(&self) -> String {
-        let path = self.dir.path().join("resolv.conf");
-        std::fs::write(&path, format!("nameserver {DNS_ADDR}\noptions timeout:1\n")).unwrap();
-        path.display().to_string()
+        self.dir.path().join("resolv.conf").display().to_string()
     }
 }
 
@@ -182,7 +187,9 @@ fn wait_for_verifiers(metrics: &str, up: u64) {
     }
 }
 
-fn verifier(addr: &str) -> Service {
+/// A verifier at `addr` that knows its drafters by the DNS name `drafters`
+/// names, resolved through `dns` as the gateway resolves it.
+fn verifier(addr: &str, dns: &Dns, drafters: &str) -> Service {
     let model = model_path().display().to_string();
     let args = [
         "--model",
@@ -191,8 +198,14 @@ fn verifier(addr: &str) -> Service {
         "1",
         "--cost-curve",
         COST_CURVE,
+        "--drafters",
+        drafters,
+        "--resolve-interval-ms",
+        "200",
     ];
-    Service::start_at("specmesh-verifier", addr, &args, &[])
+    let wrapper = namespace_wrapper(&dns.resolv_conf());
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    Service::start_wrapped(&wrapper, "specmesh-verifier", addr, &args, &[])
 }
 
 fn session_request(id: &str) -> v1::GenerateRequest {
@@ -211,8 +224,6 @@ async fn cached(url: &str) -> u32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verifiers_join_and_leave_through_dns() {
-    let a = verifier(&format!("{VERIFIER_A}:0"));
-    let port = a.url.rsplit(':').next().unwrap().to_owned();
     let drafter = Service::start_at(
         "specmesh-drafter",
         &format!("{DRAFTER}:0"),
@@ -220,8 +231,11 @@ async fn verifiers_join_and_leave_through_dns() {
         &[],
     );
     let drafter_port = drafter.url.rsplit(':').next().unwrap().to_owned();
+    let drafters = format!("dns:///{DRAFTER_NAME}:{drafter_port}");
     let dns = Dns::start(&[(VERIFIER_NAME, VERIFIER_A), (DRAFTER_NAME, DRAFTER)]);
     assert_eq!(dns.lookup(VERIFIER_NAME), [VERIFIER_A]);
+    let a = verifier(&format!("{VERIFIER_A}:0"), &dns, &drafters);
+    let port = a.url.rsplit(':').next().unwrap().to_owned();
 
     let metrics_addr = specmesh_e2e::cluster::free_addr();
     let metrics = format!("http://{metrics_addr}/metrics");
@@ -232,7 +246,7 @@ async fn verifiers_join_and_leave_through_dns() {
         "--verifiers".into(),
         format!("dns:///{VERIFIER_NAME}:{port}"),
         "--drafters".into(),
-        format!("dns:///{DRAFTER_NAME}:{drafter_port}"),
+        drafters.clone(),
         "--resolve-interval-ms".into(),
         "200".into(),
         "--metrics-listen".into(),
@@ -277,7 +291,7 @@ async fn verifiers_join_and_leave_through_dns() {
     assert_eq!(cached(&a.url).await, 4);
 
     // A second verifier joins the records: new sessions reach it.
-    let b = verifier(&format!("{VERIFIER_B}:{port}"));
+    let b = verifier(&format!("{VERIFIER_B}:{port}"), &dns, &drafters);
     dns.set(&[
         (VERIFIER_NAME, VERIFIER_A),
         (VERIFIER_NAME, VERIFIER_B),

@@ -68,18 +68,6 @@ async fn draft_model_and_combined_greedy_match_plain_decoding() {
 async fn a_draft_model_of_another_vocabulary_is_refused_naming_both() {
     let target = model_path();
     let target_name = target.display().to_string();
-    let verifier = Service::start(
-        "specmesh-verifier",
-        &[
-            "--model",
-            &target_name,
-            "--cost-curve",
-            FLAT_CURVE,
-            "--threads",
-            "2",
-        ],
-        &[],
-    );
     let drafter = Service::start(
         "specmesh-drafter",
         &[
@@ -91,6 +79,21 @@ async fn a_draft_model_of_another_vocabulary_is_refused_naming_both() {
         &[],
     );
     let plain_drafter = Service::start("specmesh-drafter", &[] as &[&str], &[]);
+    let drafters = format!("{},{}", drafter.url, plain_drafter.url);
+    let verifier = Service::start(
+        "specmesh-verifier",
+        &[
+            "--model",
+            &target_name,
+            "--cost-curve",
+            FLAT_CURVE,
+            "--threads",
+            "2",
+            "--drafters",
+            &drafters,
+        ],
+        &[],
+    );
     let gateway = |drafter: &Service| {
         Service::start(
             "specmesh-gateway",

@@ -64,6 +64,8 @@ async fn dead_drafters_are_left_out_and_recovered_ones_placed_on() {
         .local_addr()
         .unwrap();
     let model = model_path().display().to_string();
+    let first = Service::start("specmesh-drafter", &[] as &[&str], &[]);
+    let drafters = format!("{},http://{later}", first.url);
     let verifier = Service::start(
         "specmesh-verifier",
         &[
@@ -73,11 +75,11 @@ async fn dead_drafters_are_left_out_and_recovered_ones_placed_on() {
             FLAT_CURVE,
             "--threads",
             "2",
+            "--drafters",
+            &drafters,
         ],
         &[],
     );
-    let first = Service::start("specmesh-drafter", &[] as &[&str], &[]);
-    let drafters = format!("{},http://{later}", first.url);
     let gateway = Service::start(
         "specmesh-gateway",
         &[

@@ -59,11 +59,11 @@ fn start_mesh(dir: &std::path::Path, ca: &Ca, verifier_reload_ms: u64) -> Mesh {
             "1",
             "--cost-curve",
             COST_CURVE,
-            "--model",
         ]
         .map(String::from),
     );
-    args.push(model_path().display().to_string());
+    args.extend(["--model".into(), model_path().display().to_string()]);
+    args.extend(["--drafters".into(), drafter.url.clone()]);
     let verifier = Service::start("specmesh-verifier", &args, &[]);
 
     let mut args = gateway_files.args();

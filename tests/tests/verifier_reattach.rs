@@ -34,6 +34,10 @@ fn request(tokens: &[u32], draft: Option<v1::DraftPlan>) -> v1::RunRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_drafter_is_replaced_at_a_step_boundary_and_the_output_is_unchanged() {
     let model = model_path().display().to_string();
+    let first = Service::start("specmesh-drafter", &[] as &[&str], &[]);
+    let second = Service::start("specmesh-drafter", &[] as &[&str], &[]);
+    let gone = empty_address();
+    let drafters = format!("{},{},{gone}", first.url, second.url);
     let verifier = Service::start(
         "specmesh-verifier",
         &[
@@ -43,11 +47,11 @@ async fn a_lost_drafter_is_replaced_at_a_step_boundary_and_the_output_is_unchang
             FLAT_CURVE,
             "--threads",
             "2",
+            "--drafters",
+            &drafters,
         ],
         &[],
     );
-    let first = Service::start("specmesh-drafter", &[] as &[&str], &[]);
-    let second = Service::start("specmesh-drafter", &[] as &[&str], &[]);
     let mut client = VerifierClient::connect(verifier.url.clone()).await.unwrap();
     let tokens = tokens(&prompt());
 
@@ -110,7 +114,6 @@ async fn a_lost_drafter_is_replaced_at_a_step_boundary_and_the_output_is_unchang
 
     // The other way round, and the first drafter's address empty: a
     // session that never reaches its drafter re-attaches too.
-    let gone = empty_address();
     let plan = v1::DraftPlan {
         endpoint: gone,
         sources: v1::DraftSources::ModelFree as i32,
@@ -135,6 +138,68 @@ async fn a_lost_drafter_is_replaced_at_a_step_boundary_and_the_output_is_unchang
     }
     assert_eq!(out, plain);
     assert!(drafted > 0, "the fallback drafter never took the session");
+}
+
+/// A draft plan may name only the verifier's own `--drafters`: a running
+/// drafter outside the list, as the session's drafter or as a fallback, is
+/// refused with INVALID_ARGUMENT before anything is dialed, while the
+/// same request with listed drafters runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_verifier_refuses_a_draft_endpoint_it_was_not_given() {
+    let model = model_path().display().to_string();
+    let listed = Service::start("specmesh-drafter", &[] as &[&str], &[]);
+    let stranger = Service::start("specmesh-drafter", &[] as &[&str], &[]);
+    let verifier = Service::start(
+        "specmesh-verifier",
+        &[
+            "--model",
+            &model,
+            "--cost-curve",
+            FLAT_CURVE,
+            "--threads",
+            "2",
+            "--drafters",
+            &listed.url,
+        ],
+        &[],
+    );
+    let mut client = VerifierClient::connect(verifier.url.clone()).await.unwrap();
+    let tokens = tokens("def add(a, b):");
+    let plan = |endpoint: &str, fallbacks: &[&str]| v1::DraftPlan {
+        endpoint: endpoint.to_owned(),
+        sources: v1::DraftSources::ModelFree as i32,
+        fallback_endpoints: fallbacks.iter().map(|s| (*s).to_owned()).collect(),
+        ..Default::default()
+    };
+    for (endpoint, fallbacks) in [
+        (stranger.url.as_str(), &[][..]),
+        (listed.url.as_str(), &[stranger.url.as_str()][..]),
+        ("http://169.254.169.254:80", &[][..]),
+    ] {
+        let mut r = request(&tokens, Some(plan(endpoint, fallbacks)));
+        r.max_new_tokens = 4;
+        let status = client.run(r).await.expect_err("an unlisted drafter");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        let unlisted = fallbacks.first().copied().unwrap_or(endpoint);
+        assert!(
+            status
+                .message()
+                .contains(&format!("draft endpoint `{unlisted}`"))
+                && status.message().contains(&listed.url),
+            "the message names the endpoint and the list: {}",
+            status.message()
+        );
+    }
+    let mut r = request(&tokens, Some(plan(&listed.url, &[])));
+    r.max_new_tokens = 4;
+    let mut events = client.run(r).await.unwrap().into_inner();
+    let mut drafting = None;
+    while let Some(e) = events.message().await.unwrap() {
+        if let Some(Event::Started(s)) = e.event {
+            drafting = Some(s.drafting);
+        }
+    }
+    assert_eq!(drafting, Some(true), "the listed drafter takes the session");
 }
 
 /// A loopback address nothing listens on (bound, then released).

@@ -210,9 +210,9 @@ pub struct Layout {
 }
 
 impl Mesh {
-    /// Starts the verifiers and drafters on free loopback ports, then the
-    /// gateway on `layout.listen` in front of them, and waits until every
-    /// one is healthy.
+    /// Starts the drafters, then the verifiers (told the drafters), on free
+    /// loopback ports, then the gateway on `layout.listen` in front of
+    /// them, and waits until every one is healthy.
     pub async fn start(layout: Layout) -> Result<Mesh> {
         let Layout {
             model,
@@ -237,23 +237,6 @@ impl Mesh {
         };
         anyhow::ensure!(verifiers >= 1, "`--verifiers` must be >= 1");
         let model_arg = model.display().to_string();
-        let mut vs = Vec::new();
-        for _ in 0..verifiers {
-            let mut args = vec![
-                "--listen".into(),
-                "127.0.0.1:0".into(),
-                "--model".into(),
-                model_arg.clone(),
-            ];
-            if let Some(t) = threads {
-                args.extend(["--threads".into(), t.to_string()]);
-            }
-            if let Some(c) = &verifier_cpus {
-                args.extend(["--cpus".into(), c.clone()]);
-            }
-            args.extend(metrics_args());
-            vs.push(Service::start("specmesh-verifier", &args, timeout).await?);
-        }
         let mut ds = Vec::new();
         let mut drafter_args: Vec<String> = vec!["--listen".into(), "127.0.0.1:0".into()];
         if let Some(d) = &draft_model {
@@ -277,6 +260,28 @@ impl Mesh {
         for _ in 0..drafters {
             ds.push(Service::start("specmesh-drafter", &drafter_args, timeout).await?);
         }
+        let drafter_urls = ds.iter().map(Service::url).collect::<Vec<_>>().join(",");
+        let mut vs = Vec::new();
+        for _ in 0..verifiers {
+            let mut args = vec![
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--model".into(),
+                model_arg.clone(),
+            ];
+            if let Some(t) = threads {
+                args.extend(["--threads".into(), t.to_string()]);
+            }
+            if let Some(c) = &verifier_cpus {
+                args.extend(["--cpus".into(), c.clone()]);
+            }
+            args.extend(metrics_args());
+            // A verifier dials only the drafters it is told of.
+            if !drafter_urls.is_empty() {
+                args.extend(["--drafters".into(), drafter_urls.clone()]);
+            }
+            vs.push(Service::start("specmesh-verifier", &args, timeout).await?);
+        }
         let mut args = vec![
             "--listen".into(),
             listen.to_string(),
@@ -286,10 +291,7 @@ impl Mesh {
             vs.iter().map(Service::url).collect::<Vec<_>>().join(","),
         ];
         if !ds.is_empty() {
-            args.extend([
-                "--drafters".into(),
-                ds.iter().map(Service::url).collect::<Vec<_>>().join(","),
-            ]);
+            args.extend(["--drafters".into(), drafter_urls]);
         }
         args.extend(metrics_args());
         let gateway = Service::start("specmesh-gateway", &args, timeout).await?;

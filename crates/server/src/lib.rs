@@ -5,13 +5,14 @@
 //! [`shutdown`]: the signals; [`telemetry`]: tracing with trace-context
 //! propagation; [`affinity`]: `--cpus`; [`metrics`]: Prometheus `/metrics`;
 //! [`tls`]: mutual TLS with certificate rotation; [`reload`]: files read
-//! again while serving.
+//! again while serving; [`discovery`]: peer lists, static and from DNS.
 
 #![forbid(unsafe_code)]
 
 pub mod affinity;
 pub mod cli;
 pub mod client;
+pub mod discovery;
 pub mod metrics;
 pub mod reload;
 pub mod serve;

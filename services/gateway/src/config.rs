@@ -12,11 +12,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use specmesh_server::discovery::{MemberSource, SourceError, parse_sources};
 use specmesh_server::{ServerArgs, Service, TlsArgs};
-use tonic::transport::Uri;
 
 use crate::quota::QuotaLimits;
-use crate::resolve::MemberSource;
 
 /// The gateway as its command line knows it. In a pod it listens on
 /// `0.0.0.0:50051`; port 0 picks a free port, printed on stdout as
@@ -184,22 +183,8 @@ pub struct Config {
 pub enum ConfigError {
     #[error("`--verifiers` must list at least one endpoint")]
     NoVerifiers,
-    #[error("`--{flag}` entry `{endpoint}` is not a valid URI: {reason}")]
-    BadEndpoint {
-        flag: &'static str,
-        endpoint: String,
-        reason: String,
-    },
-    #[error("`--{flag}` entry `{endpoint}` must look like http://host:port or dns:///name:port")]
-    EndpointShape {
-        flag: &'static str,
-        endpoint: String,
-    },
-    #[error("`--{flag}` lists `{endpoint}` twice")]
-    DuplicateEndpoint {
-        flag: &'static str,
-        endpoint: String,
-    },
+    #[error(transparent)]
+    Source(#[from] SourceError),
     #[error("`--{flag}` must be at least {min}, got {got}")]
     TooSmall {
         flag: &'static str,
@@ -218,11 +203,11 @@ impl TryFrom<Args> for Config {
     type Error = ConfigError;
 
     fn try_from(args: Args) -> Result<Self, ConfigError> {
-        let verifiers = endpoints("verifiers", &args.verifiers)?;
+        let verifiers = parse_sources("verifiers", &args.verifiers)?;
         if verifiers.is_empty() {
             return Err(ConfigError::NoVerifiers);
         }
-        let drafters = endpoints("drafters", &args.drafters)?;
+        let drafters = parse_sources("drafters", &args.drafters)?;
         at_least("max-new-tokens", args.max_new_tokens.into(), 1)?;
         at_least("max-draft-tokens", args.max_draft_tokens.into(), 1)?;
         at_least(
@@ -324,88 +309,6 @@ impl Config {
             shutdown_grace: Duration::from_secs(30),
         }
     }
-}
-
-/// Parses a comma-separated member list: blanks dropped (an empty env var
-/// means none), every entry `http://host[:port]` or `dns:///name:port`, no
-/// duplicates.
-fn endpoints(flag: &'static str, raw: &[String]) -> Result<Vec<MemberSource>, ConfigError> {
-    let mut out: Vec<MemberSource> = Vec::with_capacity(raw.len());
-    for entry in raw.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
-        let source = if entry.starts_with("dns:") {
-            dns_name(flag, entry)?
-        } else {
-            MemberSource::Static(http_endpoint(flag, entry)?)
-        };
-        if out.contains(&source) {
-            return Err(ConfigError::DuplicateEndpoint {
-                flag,
-                endpoint: entry.to_owned(),
-            });
-        }
-        out.push(source);
-    }
-    Ok(out)
-}
-
-/// `dns:///name:port` (gRPC's target syntax; a DNS server in the authority
-/// is not supported: names resolve through the system's configuration).
-fn dns_name(flag: &'static str, entry: &str) -> Result<MemberSource, ConfigError> {
-    let bad = |reason: &str| ConfigError::BadEndpoint {
-        flag,
-        endpoint: entry.to_owned(),
-        reason: reason.to_owned(),
-    };
-    let Some(rest) = entry.strip_prefix("dns:///") else {
-        return Err(bad(
-            "DNS entries look like dns:///name:port (no DNS server in the entry: the system's resolver is used)",
-        ));
-    };
-    let Some((host, port)) = rest.rsplit_once(':') else {
-        return Err(bad("the port is missing (dns:///name:port)"));
-    };
-    let port: u16 = port
-        .parse()
-        .ok()
-        .filter(|&p| p != 0)
-        .ok_or_else(|| bad("the port must be a number from 1 to 65535"))?;
-    let valid = !host.is_empty()
-        && host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
-    if !valid {
-        return Err(bad(
-            "the name must be a DNS name (letters, digits, '.', '-')",
-        ));
-    }
-    Ok(MemberSource::Dns {
-        host: host.to_owned(),
-        port,
-    })
-}
-
-/// A plain `http://host[:port]` URI with nothing after the authority.
-fn http_endpoint(flag: &'static str, entry: &str) -> Result<String, ConfigError> {
-    let uri: Uri = entry
-        .parse()
-        .map_err(
-            |e: tonic::codegen::http::uri::InvalidUri| ConfigError::BadEndpoint {
-                flag,
-                endpoint: entry.to_owned(),
-                reason: e.to_string(),
-            },
-        )?;
-    // TLS is the service's setting (`--tls-*`) for every member, not an
-    // entry's: `https://` would say something the flags may contradict.
-    let plain_http = uri.scheme_str() == Some("http");
-    let bare = uri.path_and_query().is_none_or(|p| p.as_str() == "/");
-    if !plain_http || uri.host().is_none() || !bare {
-        return Err(ConfigError::EndpointShape {
-            flag,
-            endpoint: entry.to_owned(),
-        });
-    }
-    Ok(entry.to_owned())
 }
 
 fn at_least(flag: &'static str, got: u64, min: u64) -> Result<(), ConfigError> {

@@ -15,6 +15,7 @@ use specmesh_proto::v1::generation_server::Generation;
 use specmesh_proto::v1::{
     FinishReason, GenerateChunk, GenerateRequest, GenerateResponse, SpeculationStats, Usage,
 };
+use specmesh_server::discovery::SourceError;
 use specmesh_server::{AbortOnDrop, Dialer, Security};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -113,11 +114,12 @@ impl GenerationService {
         // dialed fails the start.
         for (role, flag) in [(Role::Verifier, "verifiers"), (Role::Drafter, "drafters")] {
             if let Some(e) = members.set(role, &sources.initial(role)).into_iter().next() {
-                return Err(ConfigError::BadEndpoint {
+                return Err(SourceError::BadEndpoint {
                     flag,
                     endpoint: e.endpoint,
                     reason: e.reason,
-                });
+                }
+                .into());
             }
         }
         // Resolving needs a runtime; a service built outside one (never the

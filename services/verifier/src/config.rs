@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use specmesh_server::cli::{FlagError, in_range};
+use specmesh_server::discovery::{MemberSource, SourceError, parse_sources};
 use specmesh_server::{ServerArgs, Service, TlsArgs};
 
 /// The verifier as its command line knows it.
@@ -56,6 +57,16 @@ pub struct Args {
     /// How long a step waits for its tree before verifying the root alone (ms).
     #[arg(long, default_value_t = 200)]
     pub draft_timeout_ms: u64,
+    /// The drafters this verifier may dial, comma-separated:
+    /// `http://host:port` or `dns:///name:port` (every A/AAAA record of the
+    /// name; in Kubernetes the drafters' headless Service), as the
+    /// gateway's `--drafters` name them. A run whose draft plan names
+    /// anything else is refused. None: runs verify without drafting.
+    #[arg(long, value_delimiter = ',')]
+    pub drafters: Vec<String>,
+    /// How often `dns:///` entries of --drafters are resolved again (ms).
+    #[arg(long, default_value_t = 5000)]
+    pub resolve_interval_ms: u64,
     /// How long to wait for a drafter to connect (ms).
     #[arg(long, default_value_t = 1000)]
     pub drafter_connect_timeout_ms: u64,
@@ -87,6 +98,9 @@ pub struct Config {
     pub health_listen: Option<SocketAddr>,
     pub tls: TlsArgs,
     pub drafter_tls_name: Option<String>,
+    /// Drafter entries, possibly none.
+    pub drafters: Vec<MemberSource>,
+    pub resolve_interval: Duration,
     pub model: PathBuf,
     pub threads: Option<usize>,
     pub kv_budget_bytes: u64,
@@ -109,6 +123,8 @@ pub struct Config {
 pub enum ConfigError {
     #[error(transparent)]
     Range(#[from] FlagError),
+    #[error(transparent)]
+    Drafters(#[from] SourceError),
     #[error("`--cost-curve`: {0}")]
     CostCurve(String),
 }
@@ -127,6 +143,13 @@ impl TryFrom<Args> for Config {
             tokio::sync::Semaphore::MAX_PERMITS,
         )?;
         in_range("recycle-top-k", a.recycle_top_k, 0, 64)?;
+        in_range(
+            "resolve-interval-ms",
+            a.resolve_interval_ms as usize,
+            100,
+            3_600_000,
+        )?;
+        let drafters = parse_sources("drafters", &a.drafters)?;
         let cost_curve = a
             .cost_curve
             .as_deref()
@@ -139,6 +162,8 @@ impl TryFrom<Args> for Config {
             health_listen: a.server.health_listen,
             tls: a.server.tls,
             drafter_tls_name: a.drafter_tls_name,
+            drafters,
+            resolve_interval: Duration::from_millis(a.resolve_interval_ms),
             model: a.model,
             threads: a.threads,
             kv_budget_bytes: a.kv_budget_mib << 20,
@@ -226,6 +251,13 @@ mod tests {
             "`--recycle-top-k` must be <= 64, got 65"
         );
         assert!(err(&["--cost-curve", "2:1"]).starts_with("`--cost-curve`: the curve must start"));
+        assert_eq!(
+            err(&["--drafters", "10.0.0.1:50061"]),
+            "`--drafters` entry `10.0.0.1:50061` must look like http://host:port or dns:///name:port"
+        );
+        let c = parse(&["--drafters", "dns:///specmesh-drafter:50061,http://d:1"]).unwrap();
+        assert_eq!(c.drafters.len(), 2);
+        assert_eq!(c.resolve_interval, Duration::from_secs(5));
     }
 
     #[test]

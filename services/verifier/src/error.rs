@@ -16,6 +16,15 @@ pub enum VerifierError {
     /// bounds (vocabulary, context).
     #[error(transparent)]
     Invalid(#[from] specmesh_proto::FieldError),
+    /// The draft plan names a drafter outside this verifier's `--drafters`.
+    #[error(
+        "draft endpoint `{endpoint}` is not one of this verifier's drafters (`--drafters` {configured}): \
+         the gateway's and the verifiers' drafter lists must name the same members"
+    )]
+    UnknownDrafter {
+        endpoint: String,
+        configured: String,
+    },
     /// Every session slot is taken.
     #[error("the verifier runs its limit of {max} sessions; retry later or on another verifier")]
     Busy { max: usize },
@@ -45,7 +54,9 @@ impl VerifierError {
     /// The gRPC code this error maps to.
     pub fn code(&self) -> Code {
         match self {
-            VerifierError::Invalid(_) => Code::InvalidArgument,
+            VerifierError::Invalid(_) | VerifierError::UnknownDrafter { .. } => {
+                Code::InvalidArgument
+            }
             VerifierError::Busy { .. } | VerifierError::OutOfKv(_) => Code::ResourceExhausted,
             VerifierError::DrafterRefused(_) => Code::FailedPrecondition,
             VerifierError::CallerGone => Code::Cancelled,

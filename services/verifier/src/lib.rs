@@ -15,6 +15,7 @@ mod batcher;
 pub mod calibrate;
 pub mod config;
 mod draft_link;
+mod drafters;
 mod error;
 mod memory;
 mod metrics;
@@ -34,7 +35,7 @@ use std::time::Duration;
 use anyhow::Context;
 use specmesh_model::{LoadOptions, Model};
 use specmesh_proto::v1::verifier_server::{SERVICE_NAME, VerifierServer};
-use specmesh_server::{ClientAuth, Drain, Security, ServeConfig};
+use specmesh_server::{AbortOnDrop, ClientAuth, Drain, Security, ServeConfig};
 use specmesh_tokenizer::Tokenizer;
 use tokio::sync::Semaphore;
 use tonic::service::interceptor::InterceptedService;
@@ -44,6 +45,7 @@ pub use error::VerifierError;
 
 use crate::batcher::{Batcher, BatcherConfig};
 use crate::draft_link::DrafterChannels;
+use crate::drafters::Drafters;
 use crate::memory::KvMemory;
 use crate::service::VerifierService;
 use crate::state::{State, Target};
@@ -103,6 +105,13 @@ pub async fn run(
         },
     );
     let max_context = model.config().max_context;
+    let drafters = Arc::new(Drafters::new(config.drafters.clone()));
+    let _resolve = drafters.is_dynamic().then(|| {
+        AbortOnDrop(tokio::spawn(drafters::resolve_every(
+            Arc::clone(&drafters),
+            config.resolve_interval,
+        )))
+    });
     let state = Arc::new(State {
         vocab: model.config().vocab_size as u32,
         target: Target {
@@ -112,6 +121,7 @@ pub async fn run(
         },
         memory: KvMemory::new(config.kv_budget_bytes, config.max_cached_sessions),
         channels: DrafterChannels::new(security.clone(), config.drafter_tls_name.clone()),
+        drafters: Arc::clone(&drafters),
         eos,
         cost_curve,
         slots: Arc::new(Semaphore::new(config.max_sessions)),

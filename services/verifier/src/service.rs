@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::error::VerifierError;
 use crate::session::drive;
@@ -41,8 +42,18 @@ impl v1::verifier_server::Verifier for VerifierService {
         let span = tracing::info_span!("run");
         specmesh_server::telemetry::adopt(&span, &request);
         let v = &self.state;
+        let run = span
+            .in_scope(|| ValidRun::from_wire(request.into_inner(), v.run_limits()))
+            .inspect_err(|e| span.in_scope(|| tracing::info!(error = %e, "run refused")))?;
+        // Only a drafter of this verifier's own set is ever dialed.
+        if let Some(plan) = &run.draft {
+            v.drafters
+                .check(plan)
+                .instrument(span.clone())
+                .await
+                .inspect_err(|e| span.in_scope(|| tracing::info!(error = %e, "run refused")))?;
+        }
         let admitted = span.in_scope(|| {
-            let run = ValidRun::from_wire(request.into_inner(), v.run_limits())?;
             let slot = v.admit()?;
             let bytes = (v.kv_tokens(&run) * v.model.kv_bytes_per_token()) as u64;
             // The session's own kept cache becomes part of its reservation:
@@ -64,7 +75,7 @@ impl v1::verifier_server::Verifier for VerifierService {
             span.in_scope(|| tracing::info!(error = %e, "run refused"));
         })?;
         let (tx, rx) = mpsc::channel(OUTBOUND_EVENTS);
-        tokio::spawn(tracing::Instrument::instrument(
+        tokio::spawn(Instrument::instrument(
             drive(Arc::clone(v), run, cached, tx, reservation, slot),
             span,
         ));

@@ -11,6 +11,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::batcher::Batcher;
 use crate::config::Config;
 use crate::draft_link::DrafterChannels;
+use crate::drafters::Drafters;
 use crate::error::VerifierError;
 use crate::memory::KvMemory;
 use crate::validate::{RunLimits, ValidRun};
@@ -23,6 +24,8 @@ pub struct State {
     pub batcher: Batcher,
     pub memory: KvMemory,
     pub channels: DrafterChannels,
+    /// The drafters a draft plan may name.
+    pub drafters: Arc<Drafters>,
     pub eos: Vec<u32>,
     pub vocab: u32,
     /// The target as drafters are told it: its name and vocabulary.
