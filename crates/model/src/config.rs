@@ -61,6 +61,9 @@ pub struct LlamaConfig {
     pub rope_style: RopeStyle,
 }
 
+/// The longest context specmesh serves (tokens): 2^20.
+pub const MAX_CONTEXT: usize = 1 << 20;
+
 impl LlamaConfig {
     /// Width of the concatenated K (or V) projections.
     pub fn kv_dim(&self) -> usize {
@@ -86,6 +89,19 @@ impl LlamaConfig {
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("`{name}` must be > 0"));
+        }
+        // Sizes no real checkpoint comes near, so a corrupt header is an
+        // error here rather than a table of its size (the RoPE table holds
+        // max_context × head_dim floats) or an abort on allocation.
+        let bounded = [
+            ("max_context", self.max_context, MAX_CONTEXT),
+            ("n_layers", self.n_layers, 1024),
+            ("n_heads", self.n_heads, 1024),
+            ("n_kv_heads", self.n_kv_heads, 1024),
+            ("head_dim", self.head_dim, 1024),
+        ];
+        if let Some((name, v, max)) = bounded.iter().find(|(_, v, max)| v > max) {
+            return Err(format!("`{name}` ({v}) is over specmesh's limit of {max}"));
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(format!(

@@ -285,3 +285,19 @@ fn corrupt_safetensors_shard_is_an_error_naming_the_shard() {
         "{msg}"
     );
 }
+
+#[test]
+fn a_context_past_the_limit_is_refused_before_any_table_is_built() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge-context.gguf");
+    let mut md = llama_metadata();
+    md[5].1 = Value::U32(u32::MAX); // llama.context_length
+    write_gguf(&path, &md, &[("token_embd.weight", f32_tensor(&[4, 8]))]);
+    let err = load_err(&path);
+    assert!(matches!(&err, ModelError::Metadata { .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("`max_context` (4294967295) is over specmesh's limit of 1048576"),
+        "{err}"
+    );
+}

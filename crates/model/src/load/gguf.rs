@@ -83,16 +83,30 @@ fn header_error(path: &Path, e: candle_core::Error) -> ModelError {
     }
 }
 
+/// The tensor's bytes in the file; `u64::MAX` when its shape overflows
+/// (a corrupt header: the extent check then refuses it).
 fn tensor_bytes(info: &TensorInfo) -> u64 {
-    let n = info.shape.elem_count();
-    (n / info.ggml_dtype.block_size() * info.ggml_dtype.type_size()) as u64
+    let n = info
+        .shape
+        .dims()
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d as u64));
+    n.and_then(|n| {
+        let dtype = info.ggml_dtype;
+        (n / dtype.block_size() as u64).checked_mul(dtype.type_size() as u64)
+    })
+    .unwrap_or(u64::MAX)
 }
 
 impl Reader<'_> {
     /// Fails fast, before reading gigabytes, if any tensor lies past the end.
     fn check_extent(&mut self, file_len: u64) -> Result<()> {
         for (name, info) in &self.content.tensor_infos {
-            let end = self.content.tensor_data_offset + info.offset + tensor_bytes(info);
+            let end = self
+                .content
+                .tensor_data_offset
+                .saturating_add(info.offset)
+                .saturating_add(tensor_bytes(info));
             if end > file_len {
                 return Err(ModelError::Truncated {
                     path: self.path.clone(),
@@ -178,7 +192,7 @@ impl Reader<'_> {
         let embd = self.info("token_embd.weight")?;
         let vocab = match self.get_uint(&k("vocab_size"))? {
             Some(v) => v,
-            None => embd.shape.dims()[0],
+            None => embd.shape.dims().first().copied().unwrap_or(0),
         };
         let head_dim = match self.get_uint(&k("attention.key_length"))? {
             Some(d) => d,
