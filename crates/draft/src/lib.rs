@@ -14,6 +14,7 @@ pub mod adaptive;
 pub mod lookup;
 pub mod merged;
 pub mod policy;
+pub mod predicted;
 pub mod recycle;
 pub mod suffix;
 
@@ -24,6 +25,7 @@ pub use policy::{
     AcceptanceStats, Arm, Arms, Budget, CostCurve, Decision, PolicyConfig, PolicyError, Sources,
     SpecPolicy, StepTiming,
 };
+pub use predicted::{Predicted, PredictedConfig};
 pub use recycle::{RecycleConfig, TokenRecycler};
 pub use specmesh_tree::{TokenTree, TreeLimits};
 pub use suffix::{GlobalConfig, GlobalSuffixIndex, SuffixConfig, SuffixDrafter, TenantKey};

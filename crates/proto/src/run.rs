@@ -57,6 +57,9 @@ pub struct RunDraft {
     /// Drafters to re-attach to when `endpoint` is lost, in order; URIs,
     /// at most [`MAX_FALLBACK_DRAFTERS`].
     pub fallbacks: Vec<String>,
+    /// The caller's predicted output (token ids, not checked against a
+    /// vocabulary here).
+    pub prediction: Vec<u32>,
 }
 
 /// Most `DraftPlan.fallback_endpoints` a run may name: more drafters than a
@@ -115,6 +118,7 @@ impl TryFrom<v1::RunRequest> for RunSpec {
                     sources,
                     endpoint: d.endpoint,
                     fallbacks: d.fallback_endpoints,
+                    prediction: d.prediction,
                     max_draft_tokens: (d.max_draft_tokens > 0)
                         .then_some(d.max_draft_tokens as usize),
                     tenant: d.tenant,
@@ -162,6 +166,7 @@ mod tests {
             tenant: "t".into(),
             sources: v1::DraftSources::Combined as i32,
             fallback_endpoints: vec!["http://127.0.0.1:10".into()],
+            prediction: vec![7, 8],
         });
         let s = RunSpec::try_from(r).unwrap();
         assert_eq!((s.prompt_len, s.max_new_tokens), (2, 4));
@@ -191,6 +196,7 @@ mod tests {
         assert_eq!(draft.max_draft_tokens, None);
         assert_eq!(draft.sources, Sources::Combined);
         assert_eq!(draft.fallbacks, ["http://127.0.0.1:10"]);
+        assert_eq!(draft.prediction, [7, 8]);
     }
 
     #[test]

@@ -54,6 +54,9 @@ pub struct StartSpec {
     /// The step of the first tree: 0 at a session's start, later when the
     /// verifier re-attaches a running session (see `DraftStart.first_step`).
     pub first_step: u64,
+    /// The caller's predicted output; every token below `vocab`; may be
+    /// empty.
+    pub prediction: Vec<u32>,
 }
 
 /// The verifier's target model, as a drafter checks its draft model
@@ -148,6 +151,7 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             target_step_seconds,
             batch_size,
             first_step,
+            prediction,
         } = start;
         check_id("start.session_id", &session_id)?;
         check_id("start.tenant", &tenant)?;
@@ -188,6 +192,7 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             ));
         }
         check_tokens("start.tokens", &tokens, vocab_size)?;
+        check_tokens("start.prediction", &prediction, vocab_size)?;
         let prompt_len = prompt_len as usize;
         if prompt_len > tokens.len() {
             return Err(FieldError::new(
@@ -227,6 +232,7 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             target,
             batch_size: (batch_size as usize).max(1),
             first_step,
+            prediction,
         })
     }
 }

@@ -3,7 +3,8 @@
 //! drafter built from them.
 //!
 //! Every session gets prompt lookup, suffix decoding (its own text plus its
-//! tenant's shard of the global index) and token recycling; they are
+//! tenant's shard of the global index), token recycling and, when the
+//! caller sent one, its predicted output ([`Predicted`]); they are
 //! complementary (quoting the prompt, repeating earlier sessions, the
 //! target's own recent preferences) and cost microseconds. With a draft
 //! model configured, a session that gets a model slot also gets a
@@ -29,8 +30,9 @@
 use std::fmt;
 
 use specmesh_draft::{
-    Arm, DraftContext, Drafter, Feedback, GlobalConfig, GlobalSuffixIndex, Merged, PromptLookup,
-    Sources, SuffixConfig, SuffixDrafter, TenantKey, TokenRecycler, TokenTree,
+    Arm, DraftContext, Drafter, Feedback, GlobalConfig, GlobalSuffixIndex, Merged, Predicted,
+    PredictedConfig, PromptLookup, Sources, SuffixConfig, SuffixDrafter, TenantKey, TokenRecycler,
+    TokenTree,
 };
 use specmesh_draft_model::{DraftOptions, DrafterStats, ModelDrafter};
 use specmesh_proto::{StartSpec, TargetModel};
@@ -61,14 +63,23 @@ impl DrafterSet {
     }
 
     /// The drafter of the session `spec` starts; see [`Self::for_session`].
+    /// A prediction joins the model-free drafters.
     pub fn for_spec(&self, spec: &StartSpec) -> Result<SessionDrafter, ModelRefusal> {
-        self.for_session(
+        let mut drafter = self.for_session(
             &spec.tenant,
             spec.vocab,
             &spec.sampling,
             spec.sources,
             &spec.target,
-        )
+        )?;
+        if !spec.prediction.is_empty() {
+            drafter.free.push(Box::new(Predicted::new(
+                spec.prediction.clone(),
+                spec.prompt_len,
+                PredictedConfig::default(),
+            )));
+        }
+        Ok(drafter)
     }
 
     /// The drafter of a new session of `tenant` over a vocabulary of

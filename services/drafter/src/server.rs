@@ -128,7 +128,9 @@ impl Listening {
     /// module docs). Prints `specmesh-drafter listening on ADDR` to stdout
     /// once serving: launchers wait for that line.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-        let limit = specmesh_server::message_bytes(self.max_context, MESSAGE_OVERHEAD);
+        // A start carries the context and, at most as long, a prediction.
+        let limit =
+            specmesh_server::message_bytes(self.max_context.saturating_mul(2), MESSAGE_OVERHEAD);
         let service = DrafterServer::new(DraftService::new(Arc::clone(&self.shared)))
             .max_decoding_message_size(limit)
             .max_encoding_message_size(MESSAGE_OVERHEAD);

@@ -14,8 +14,8 @@ use specmesh_proto::{StartSpec, v1};
 
 use crate::error::SessionError;
 
-/// Validates `start`; contexts longer than `max_context` tokens are
-/// refused.
+/// Validates `start`; contexts (and predictions) longer than
+/// `max_context` tokens are refused.
 pub fn start(start: v1::DraftStart, max_context: usize) -> Result<StartSpec, SessionError> {
     if start.tokens.len() > max_context {
         let reason = format!(
@@ -23,6 +23,13 @@ pub fn start(start: v1::DraftStart, max_context: usize) -> Result<StartSpec, Ses
             start.tokens.len()
         );
         return Err(SessionError::invalid("start.tokens", reason));
+    }
+    if start.prediction.len() > max_context {
+        let reason = format!(
+            "has {} tokens, over the drafter's context limit of {max_context}",
+            start.prediction.len()
+        );
+        return Err(SessionError::invalid("start.prediction", reason));
     }
     Ok(StartSpec::try_from(start)?)
 }

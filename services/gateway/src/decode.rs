@@ -357,15 +357,30 @@ impl Progress {
         Summary {
             last,
             finish_reason: reason,
-            usage: Usage {
-                prompt_tokens: request.prompt_len(),
-                completion_tokens: u32::try_from(self.output.reported()).unwrap_or(u32::MAX),
-            },
+            usage: usage(
+                request,
+                &self.output.committed()
+                    [..self.output.reported().min(self.output.committed().len())],
+                u32::try_from(self.output.reported()).unwrap_or(u32::MAX),
+            ),
             speculation: self.stats.to_wire(),
             time_to_first_token: self
                 .first_token_at
                 .map(|t| t.saturating_duration_since(ctx.arrived)),
         }
+    }
+}
+
+/// Token counts; with a prediction, how much of it the output used (its
+/// tokens in the longest common subsequence with the output).
+fn usage(request: &ValidGenerateRequest, output: &[u32], completion_tokens: u32) -> Usage {
+    let accepted = crate::stats::common_subsequence(&request.prediction, output);
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    Usage {
+        prompt_tokens: request.prompt_len(),
+        completion_tokens,
+        accepted_prediction_tokens: count(accepted),
+        rejected_prediction_tokens: count(request.prediction.len() - accepted),
     }
 }
 
@@ -402,6 +417,7 @@ fn run_request(
             tenant: request.tenant.clone(),
             sources: request.speculation.sources() as i32,
             fallback_endpoints: placement.fallback_drafters.clone(),
+            prediction: request.prediction.clone(),
         }),
         // Multi-turn sessions keep their KV on the verifier for the next
         // turn, found only by the same tenant.

@@ -60,6 +60,49 @@ impl SpecStats {
     }
 }
 
+/// The length of the longest common subsequence of `a` and `b`: with `a`
+/// a prediction and `b` the output, the prediction's tokens the output used
+/// (OpenAI's `accepted_prediction_tokens`). Bit-parallel (Allison and Dix
+/// 1986, Hyyrö 2004): `|b| · ⌈|a| / 64⌉` word operations, a few
+/// microseconds for a thousand tokens each, where the textbook table would
+/// take a million cells.
+pub fn common_subsequence(a: &[u32], b: &[u32]) -> usize {
+    if a.is_empty() || b.is_empty() {
+        return 0;
+    }
+    let words = a.len().div_ceil(64);
+    // Per token of `a`: the positions where it occurs, as bits.
+    let mut masks: std::collections::HashMap<u32, Vec<u64>> = std::collections::HashMap::new();
+    for (i, &t) in a.iter().enumerate() {
+        masks.entry(t).or_insert_with(|| vec![0; words])[i / 64] |= 1 << (i % 64);
+    }
+    // Zero bits of `v` mark the positions of `a` matched so far.
+    let mut v = vec![u64::MAX; words];
+    for t in b {
+        let Some(m) = masks.get(t) else { continue };
+        let mut carry = false;
+        for (vw, &mw) in v.iter_mut().zip(m) {
+            let u = *vw & mw;
+            let (sum, c1) = vw.overflowing_add(u);
+            let (sum, c2) = sum.overflowing_add(u64::from(carry));
+            carry = c1 || c2;
+            *vw = sum | (*vw & !mw);
+        }
+    }
+    let tail = a.len() % 64;
+    v.iter()
+        .enumerate()
+        .map(|(w, &vw)| {
+            let valid = if w == words - 1 && tail != 0 {
+                (1u64 << tail) - 1
+            } else {
+                u64::MAX
+            };
+            (!vw & valid).count_ones() as usize
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,5 +173,46 @@ mod tests {
         let w = s.to_wire();
         assert_eq!(w.drafted_tokens, u32::MAX);
         assert!(w.accepted_tokens <= w.drafted_tokens);
+    }
+
+    /// The textbook table, for reference.
+    fn lcs_table(a: &[u32], b: &[u32]) -> usize {
+        let mut row = vec![0usize; b.len() + 1];
+        for &x in a {
+            let mut diag = 0;
+            for (j, &y) in b.iter().enumerate() {
+                let up = row[j + 1];
+                row[j + 1] = if x == y { diag + 1 } else { up.max(row[j]) };
+                diag = up;
+            }
+        }
+        row[b.len()]
+    }
+
+    #[test]
+    fn common_subsequence_counts_the_prediction_tokens_used() {
+        assert_eq!(common_subsequence(&[], &[1, 2]), 0);
+        assert_eq!(common_subsequence(&[1, 2, 3], &[]), 0);
+        assert_eq!(common_subsequence(&[1, 2, 3, 4], &[1, 9, 3, 4]), 3);
+        assert_eq!(common_subsequence(&[1, 2, 3], &[3, 2, 1]), 1);
+        // Across word boundaries, against the table.
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        for (la, lb, alphabet) in [
+            (63, 70, 4),
+            (64, 64, 3),
+            (65, 200, 5),
+            (300, 257, 8),
+            (1, 500, 2),
+        ] {
+            let a: Vec<u32> = (0..la).map(|_| next() % alphabet).collect();
+            let b: Vec<u32> = (0..lb).map(|_| next() % alphabet).collect();
+            assert_eq!(common_subsequence(&a, &b), lcs_table(&a, &b), "{la}x{lb}");
+        }
     }
 }

@@ -53,6 +53,9 @@ pub struct ValidGenerateRequest {
     pub end_session: bool,
     /// Scope of the drafter's cross-session index ("" = anonymous).
     pub tenant: String,
+    /// The caller's predicted output, tokenized (no special tokens parsed,
+    /// no BOS); at most the model's context; empty: none.
+    pub prediction: Vec<u32>,
 }
 
 impl ValidGenerateRequest {
@@ -124,6 +127,10 @@ pub enum ValidationError {
     },
     #[error("`max_new_tokens` must be at most {max}, got {got}")]
     MaxNewTokens { max: u32, got: u32 },
+    #[error(
+        "`prediction` is {tokens} tokens, over the model's context of {max_context} tokens: predict only the output"
+    )]
+    PredictionTooLong { tokens: usize, max_context: u32 },
     #[error("`end_session` needs the `session_id` of the session to end")]
     EndWithoutSession,
     /// A field the wire conversion refused (`sampling.*`).
@@ -213,9 +220,25 @@ impl Validator {
         let requested = self.requested_new_tokens(request.max_new_tokens)?;
 
         let tokenizer = self.tokenizer.clone();
-        let prompt_tokens = tokio::task::spawn_blocking(move || tokenize(&tokenizer, text))
-            .await
-            .map_err(|e| ValidationError::WorkerFailed(e.to_string()))??;
+        let prediction = request.prediction;
+        let (prompt_tokens, prediction) = tokio::task::spawn_blocking(move || {
+            let prompt = tokenize(&tokenizer, text)?;
+            // As output text, not as a prompt: special-token look-alikes stay
+            // text, no BOS.
+            let prediction = tokenizer
+                .encode(&prediction, false)
+                .map_err(ValidationError::Tokenizer)?;
+            Ok::<_, ValidationError>((prompt, prediction))
+        })
+        .await
+        .map_err(|e| ValidationError::WorkerFailed(e.to_string()))??;
+        let max_context = self.limits.max_context;
+        if prediction.len() > usize::try_from(max_context).unwrap_or(usize::MAX) {
+            return Err(ValidationError::PredictionTooLong {
+                tokens: prediction.len(),
+                max_context,
+            });
+        }
         let max_new_tokens = self.fit_context(prompt_tokens.len(), requested)?;
         Ok(ValidGenerateRequest {
             prompt_tokens,
@@ -226,6 +249,7 @@ impl Validator {
             session_id,
             end_session: request.end_session,
             tenant,
+            prediction,
         })
     }
 

@@ -152,6 +152,7 @@ mod tests {
             tenant: String::new(),
             sources: specmesh_draft::Sources::Auto,
             fallbacks: fallbacks.iter().map(|s| s.to_string()).collect(),
+            prediction: Vec::new(),
         }
     }
 

@@ -264,6 +264,7 @@ fn draft_start(
         batch_size: (v.decoding.load(std::sync::atomic::Ordering::Relaxed)
             + usize::from(first_step == 0)) as u32,
         first_step,
+        prediction: plan.prediction.clone(),
     }
 }
 

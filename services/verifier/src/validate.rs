@@ -47,6 +47,9 @@ pub struct DraftPlan {
     pub sources: specmesh_draft::Sources,
     /// Where to re-attach the session when the drafter is lost, in order.
     pub fallbacks: Vec<String>,
+    /// The caller's predicted output; tokens below the vocabulary, at most
+    /// the context.
+    pub prediction: Vec<u32>,
 }
 
 impl ValidRun {
@@ -68,6 +71,20 @@ impl ValidRun {
             .into());
         }
         check_top_k(&spec.sampling, limits.vocab as usize)?;
+        if let Some(d) = &spec.draft {
+            check_tokens("draft.prediction", &d.prediction, limits.vocab)?;
+            if d.prediction.len() > limits.max_context {
+                return Err(FieldError::new(
+                    "draft.prediction",
+                    format!(
+                        "is {} tokens, over the model's context of {} tokens",
+                        d.prediction.len(),
+                        limits.max_context
+                    ),
+                )
+                .into());
+            }
+        }
         // A plan whose bound is 0 on this verifier drafts nothing: no plan.
         let draft = spec.draft.and_then(|d| {
             let max = d
@@ -79,6 +96,7 @@ impl ValidRun {
                 tenant: d.tenant,
                 sources: d.sources,
                 fallbacks: d.fallbacks,
+                prediction: d.prediction,
             })
         });
         Ok(ValidRun {
@@ -119,6 +137,7 @@ mod tests {
                 tenant: String::new(),
                 sources: 0,
                 fallback_endpoints: Vec::new(),
+                prediction: vec![4, 5],
             }),
             ..Default::default()
         }

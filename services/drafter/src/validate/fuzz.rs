@@ -66,8 +66,9 @@ fn any_start() -> impl Strategy<Value = v1::DraftStart> {
             any::<u32>(),
             any::<u64>(),
         ),
+        prop::collection::vec(prop_oneof![0u32..300, any::<u32>()], 0..40),
     )
-        .prop_map(|(ids, context, drafting, target)| {
+        .prop_map(|(ids, context, drafting, target, prediction)| {
             let (session_id, epoch, tenant) = ids;
             let (tokens, prompt_len, vocab_size) = context;
             let (max_draft_tokens, max_depth, cost_curve, sampling, sources) = drafting;
@@ -95,6 +96,7 @@ fn any_start() -> impl Strategy<Value = v1::DraftStart> {
                 target_step_seconds,
                 batch_size,
                 first_step,
+                prediction,
             }
         })
 }

@@ -38,6 +38,7 @@ fn request(max_new_tokens: u32, stop: &[&str]) -> ValidGenerateRequest {
         session_id: None,
         end_session: false,
         tenant: "acme".into(),
+        prediction: Vec::new(),
     }
 }
 

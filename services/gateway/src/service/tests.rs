@@ -101,7 +101,8 @@ async fn generate_returns_the_whole_completion() {
         r.usage,
         Some(Usage {
             prompt_tokens: 3,
-            completion_tokens: 8
+            completion_tokens: 8,
+            ..Usage::default()
         })
     );
     let s = r.speculation.unwrap();

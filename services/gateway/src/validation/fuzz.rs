@@ -77,7 +77,7 @@ fn any_request() -> impl Strategy<Value = GenerateRequest> {
         prop::option::of(sampling),
         prop::collection::vec(any_text(), 0..5),
         prop::option::of(speculation),
-        (any_text(), any_text(), any::<bool>()),
+        (any_text(), any_text(), any::<bool>(), any_text()),
     )
         .prop_map(
             |(
@@ -86,7 +86,7 @@ fn any_request() -> impl Strategy<Value = GenerateRequest> {
                 sampling,
                 stop,
                 speculation,
-                (session_id, tenant, end_session),
+                (session_id, tenant, end_session, prediction),
             )| {
                 GenerateRequest {
                     input,
@@ -97,6 +97,7 @@ fn any_request() -> impl Strategy<Value = GenerateRequest> {
                     session_id,
                     tenant,
                     end_session,
+                    prediction,
                 }
             },
         )

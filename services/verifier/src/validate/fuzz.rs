@@ -47,14 +47,18 @@ fn any_request() -> impl Strategy<Value = v1::RunRequest> {
         any_text(),
         any::<i32>(),
         prop::collection::vec(any_text(), 0..4),
+        prop::collection::vec(prop_oneof![0u32..300, any::<u32>()], 0..40),
     )
         .prop_map(
-            |(endpoint, max_draft_tokens, tenant, sources, fallback_endpoints)| v1::DraftPlan {
-                endpoint,
-                max_draft_tokens,
-                tenant,
-                sources,
-                fallback_endpoints,
+            |(endpoint, max_draft_tokens, tenant, sources, fallback_endpoints, prediction)| {
+                v1::DraftPlan {
+                    endpoint,
+                    max_draft_tokens,
+                    tenant,
+                    sources,
+                    fallback_endpoints,
+                    prediction,
+                }
             },
         );
     (
