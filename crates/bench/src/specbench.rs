@@ -24,6 +24,36 @@ impl Question {
     pub fn prompt(&self) -> &str {
         self.turns.first().map_or("", String::as_str)
     }
+
+    /// The prompt's first fenced code block, fences included: what an edit
+    /// request's answer mostly repeats.
+    pub fn code_block(&self) -> Option<&str> {
+        let p = self.prompt();
+        let start = p.find("```")?;
+        let body = start + 3 + p[start + 3..].find('\n')?;
+        let end = body + p[body..].find("```")? + 3;
+        Some(&p[start..end])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_code_block_is_the_first_fenced_one() {
+        let q = Question {
+            question_id: serde_json::json!("q"),
+            category: "code-edit".into(),
+            turns: vec!["Edit this.\n\n```python\ndef f():\n    return 1\n```\nThanks ```x```".into()],
+        };
+        assert_eq!(q.code_block(), Some("```python\ndef f():\n    return 1\n```"));
+        let none = Question {
+            turns: vec!["no code".into()],
+            ..q
+        };
+        assert_eq!(none.code_block(), None);
+    }
 }
 
 /// Where the project's shared benchmark questions live when run from a

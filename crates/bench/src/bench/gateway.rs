@@ -40,6 +40,10 @@ pub async fn request(
             max_draft_tokens: 0,
         }),
         tenant: tenant.into(),
+        prediction: match config {
+            Config::Prediction => q.code_block().unwrap_or_default().to_owned(),
+            _ => String::new(),
+        },
         ..Default::default()
     };
     let status = |s: tonic::Status| anyhow::anyhow!("{:?}: {}", s.code(), s.message());

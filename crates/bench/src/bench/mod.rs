@@ -70,6 +70,8 @@ pub struct Args {
     draft_model: Option<PathBuf>,
     /// Our configurations, interleaved prompt by prompt (default: off and
     /// auto, plus model-free, draft-model and combined with --draft-model).
+    /// `prediction` is auto with the prompt's first fenced code block as the
+    /// predicted output (for the code-edit questions: the original code).
     #[arg(long, value_delimiter = ',', value_parser = parse_ours)]
     configs: Vec<Config>,
     /// Our configurations in the concurrency sweep (default: off and auto).
@@ -113,6 +115,9 @@ enum Config {
     ModelFree,
     DraftModel,
     Combined,
+    /// Automatic, with the prompt's code block as the predicted output
+    /// (`GenerateRequest.prediction`): an edit request's original code.
+    Prediction,
     InProcessOff,
     InProcessAuto,
     PeerPlain,
@@ -128,6 +133,7 @@ impl Config {
             Config::ModelFree => "model-free",
             Config::DraftModel => "draft-model",
             Config::Combined => "combined",
+            Config::Prediction => "prediction",
             Config::InProcessOff => "in-process off",
             Config::InProcessAuto => "in-process auto",
             Config::PeerPlain => "llama.cpp",
@@ -149,7 +155,11 @@ impl Config {
     fn is_ours_speculative(self) -> bool {
         matches!(
             self,
-            Config::Auto | Config::ModelFree | Config::DraftModel | Config::Combined
+            Config::Auto
+                | Config::ModelFree
+                | Config::DraftModel
+                | Config::Combined
+                | Config::Prediction
         )
     }
 
@@ -173,9 +183,10 @@ fn parse_ours(s: &str) -> Result<Config, String> {
         "model-free" => Config::ModelFree,
         "draft-model" => Config::DraftModel,
         "combined" => Config::Combined,
+        "prediction" => Config::Prediction,
         _ => {
             return Err(format!(
-                "unknown configuration `{s}`: use off, auto, model-free, draft-model or combined"
+                "unknown configuration `{s}`: use off, auto, model-free, draft-model, combined or prediction"
             ));
         }
     })

@@ -202,6 +202,7 @@ fn levels(runs: &[Run], waves: &[Wave]) -> Vec<LevelRow> {
         Config::ModelFree,
         Config::DraftModel,
         Config::Combined,
+        Config::Prediction,
     ] {
         let rs: Vec<&Run> = runs.iter().filter(|r| r.config == cfg).collect();
         if !rs.is_empty() {

@@ -19,6 +19,8 @@ pub struct Ask {
     pub speculation: v1::SpeculationMode,
     pub stream: bool,
     pub json: bool,
+    /// The predicted output; empty: none.
+    pub prediction: String,
 }
 
 #[derive(Serialize)]
@@ -32,6 +34,8 @@ struct Output {
     drafted_tokens: u32,
     accepted_tokens: u32,
     mean_accepted_per_step: f64,
+    accepted_prediction_tokens: u32,
+    rejected_prediction_tokens: u32,
     seconds: f64,
 }
 
@@ -109,6 +113,7 @@ async fn generate(connection: &Connection, ask: Ask) -> Result<()> {
             mode: ask.speculation as i32,
             max_draft_tokens: 0,
         }),
+        prediction: ask.prediction.clone(),
         ..Default::default()
     };
     let t0 = Instant::now();
@@ -162,6 +167,8 @@ async fn generate(connection: &Connection, ask: Ask) -> Result<()> {
             drafted_tokens: spec.drafted_tokens,
             accepted_tokens: spec.accepted_tokens,
             mean_accepted_per_step: spec.mean_accepted_per_step,
+            accepted_prediction_tokens: usage.accepted_prediction_tokens,
+            rejected_prediction_tokens: usage.rejected_prediction_tokens,
             seconds,
         };
         println!("{}", serde_json::to_string(&out)?);
@@ -177,6 +184,12 @@ async fn generate(connection: &Connection, ask: Ask) -> Result<()> {
             spec.drafted_tokens,
             usage.completion_tokens as f64 / seconds.max(1e-9),
         );
+        if !ask.prediction.is_empty() {
+            eprintln!(
+                "[prediction: {} tokens used, {} not]",
+                usage.accepted_prediction_tokens, usage.rejected_prediction_tokens
+            );
+        }
     }
     Ok(())
 }

@@ -42,6 +42,13 @@ pub struct Args {
     /// choose; draft-model and combined need `specmesh-drafter --draft-model`).
     #[arg(long, value_enum, requires = "gateway", default_value_t = Speculation::Auto)]
     speculation: Speculation,
+    /// With --gateway: the output you expect, or most of it (e.g. the code
+    /// an edit rewrites): drafts for the request without changing its output.
+    #[arg(long, requires = "gateway", conflicts_with = "prediction_file")]
+    prediction: Option<String>,
+    /// With --gateway: --prediction read from this file.
+    #[arg(long, requires = "gateway")]
+    prediction_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     model: ModelArgs,
     /// Apply the model's chat template to PROMPT as one user message.
@@ -101,6 +108,13 @@ pub fn run(args: Args) -> Result<()> {
             },
             stream: args.stream,
             json: args.json,
+            prediction: match (&args.prediction, &args.prediction_file) {
+                (Some(p), _) => p.clone(),
+                (None, Some(path)) => std::fs::read_to_string(path).with_context(|| {
+                    format!("reading `--prediction-file` {}", path.display())
+                })?,
+                (None, None) => String::new(),
+            },
         };
         let connection = crate::commands::client::Connection {
             url: url.clone(),
