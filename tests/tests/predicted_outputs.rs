@@ -39,7 +39,10 @@ async fn a_prediction_changes_no_output_and_is_accepted_where_it_holds() {
         .await
         .unwrap()
         .into_inner();
-    assert!(plain.token_ids.len() > 40, "a long enough answer: {plain:?}");
+    assert!(
+        plain.token_ids.len() > 40,
+        "a long enough answer: {plain:?}"
+    );
 
     let run = |tenant: &'static str, prediction: String| {
         let mut client = client.clone();
@@ -81,20 +84,39 @@ async fn a_prediction_changes_no_output_and_is_accepted_where_it_holds() {
     // The exact prediction is taken nearly whole: most tokens come from it,
     // in a fraction of the steps.
     let n = plain.token_ids.len() as u32;
-    assert!(accepted(&exact) * 10 >= n * 7, "exact: {:?}", exact.speculation);
-    assert!(steps(&exact) * 2 < steps(&none), "{} vs {}", steps(&exact), steps(&none));
+    assert!(
+        accepted(&exact) * 10 >= n * 7,
+        "exact: {:?}",
+        exact.speculation
+    );
+    assert!(
+        steps(&exact) * 2 < steps(&none),
+        "{} vs {}",
+        steps(&exact),
+        steps(&none)
+    );
     // The edited one still helps where the output follows it, and costs
     // steps where it does not.
     assert!(steps(&partial) < steps(&none), "{:?}", partial.speculation);
-    assert!(steps(&partial) >= steps(&exact), "{:?}", partial.speculation);
+    assert!(
+        steps(&partial) >= steps(&exact),
+        "{:?}",
+        partial.speculation
+    );
 
     // OpenAI's accounting: the prediction's tokens the output used, and the rest.
     let u = usage(&exact);
     let total = u.accepted_prediction_tokens + u.rejected_prediction_tokens;
-    assert!(total >= n - 2 && total <= n + 2, "the prediction is the output: {u:?}");
+    assert!(
+        total >= n - 2 && total <= n + 2,
+        "the prediction is the output: {u:?}"
+    );
     assert!(u.accepted_prediction_tokens * 10 >= total * 9, "{u:?}");
     let u = usage(&partial);
-    assert!(u.rejected_prediction_tokens > 5, "the inserted words are rejected: {u:?}");
+    assert!(
+        u.rejected_prediction_tokens > 5,
+        "the inserted words are rejected: {u:?}"
+    );
     assert!(u.accepted_prediction_tokens > n / 3, "{u:?}");
     assert_eq!(usage(&none).accepted_prediction_tokens, 0);
     assert_eq!(usage(&none).rejected_prediction_tokens, 0);
@@ -111,7 +133,9 @@ async fn a_prediction_longer_than_the_context_is_refused_by_name() {
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(
         status.message().contains("`prediction` is")
-            && status.message().contains("over the model's context of 8192 tokens"),
+            && status
+                .message()
+                .contains("over the model's context of 8192 tokens"),
         "{}",
         status.message()
     );

@@ -45,9 +45,14 @@ mod tests {
         let q = Question {
             question_id: serde_json::json!("q"),
             category: "code-edit".into(),
-            turns: vec!["Edit this.\n\n```python\ndef f():\n    return 1\n```\nThanks ```x```".into()],
+            turns: vec![
+                "Edit this.\n\n```python\ndef f():\n    return 1\n```\nThanks ```x```".into(),
+            ],
         };
-        assert_eq!(q.code_block(), Some("```python\ndef f():\n    return 1\n```"));
+        assert_eq!(
+            q.code_block(),
+            Some("```python\ndef f():\n    return 1\n```")
+        );
         let none = Question {
             turns: vec!["no code".into()],
             ..q

@@ -56,6 +56,12 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub drafters: Vec<String>,
 
+    /// Where to serve the OpenAI-compatible HTTP API (`/v1/chat/completions`,
+    /// `/v1/completions`, `/v1/models`, `/health`); default: nowhere. Over
+    /// TLS when the gateway has `--tls-cert`.
+    #[arg(long)]
+    pub http_listen: Option<SocketAddr>,
+
     /// How often `dns:///` entries are resolved again, in milliseconds: a
     /// pod that joins or leaves the Service is seen within this time.
     #[arg(long, default_value_t = 5000)]
@@ -151,6 +157,8 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// Where to serve plaintext health for probes; `None`: nowhere.
     pub health_listen: Option<SocketAddr>,
+    /// Where to serve the OpenAI-compatible HTTP API; `None`: nowhere.
+    pub http_listen: Option<SocketAddr>,
     pub tls: TlsArgs,
     /// Per-tenant limits.
     pub quotas: QuotaLimits,
@@ -251,6 +259,7 @@ impl TryFrom<Args> for Config {
             listen: args.server.listen,
             metrics_listen: args.server.metrics_listen,
             health_listen: args.server.health_listen,
+            http_listen: args.http_listen,
             tls: args.server.tls,
             quotas: QuotaLimits {
                 max_concurrent: (args.tenant_max_concurrent > 0)
@@ -287,6 +296,7 @@ impl Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics_listen: None,
             health_listen: None,
+            http_listen: None,
             tls: TlsArgs::plaintext(),
             quotas: QuotaLimits::default(),
             api_keys: None,

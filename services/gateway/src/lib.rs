@@ -23,6 +23,7 @@ mod config;
 mod decode;
 mod error;
 mod health;
+pub mod http;
 mod members;
 mod metrics;
 mod model;

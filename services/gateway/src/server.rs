@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use specmesh_proto::v1::generation_server::{GenerationServer, SERVICE_NAME};
-use specmesh_server::{ClientAuth, Drain, Security, ServeConfig};
+use specmesh_server::{AbortOnDrop, ClientAuth, Drain, Security, ServeConfig};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
@@ -67,6 +67,17 @@ pub async fn serve(
         drafters = config.drafters.len(),
         "model metadata loaded"
     );
+    // The HTTP front serves while the gRPC API does, and stops with it.
+    let _http = match config.http_listen {
+        Some(addr) => {
+            let router =
+                crate::http::router(service.clone(), &crate::http::model_id(&config.model));
+            Some(AbortOnDrop(
+                crate::http::serve(addr, router, &security).await?,
+            ))
+        }
+        None => None,
+    };
     let generation = GenerationServer::new(service.clone())
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);

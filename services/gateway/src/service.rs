@@ -42,7 +42,7 @@ use crate::validation::{Limits, ValidGenerateRequest, Validator};
 const STREAM_BUFFER: usize = 16;
 
 /// Response metadata naming the request in the gateway's logs.
-const REQUEST_ID_HEADER: &str = "x-request-id";
+pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// The Generation service; cheap to clone.
 #[derive(Debug, Clone)]

@@ -110,9 +110,8 @@ pub fn run(args: Args) -> Result<()> {
             json: args.json,
             prediction: match (&args.prediction, &args.prediction_file) {
                 (Some(p), _) => p.clone(),
-                (None, Some(path)) => std::fs::read_to_string(path).with_context(|| {
-                    format!("reading `--prediction-file` {}", path.display())
-                })?,
+                (None, Some(path)) => std::fs::read_to_string(path)
+                    .with_context(|| format!("reading `--prediction-file` {}", path.display()))?,
                 (None, None) => String::new(),
             },
         };

@@ -1,0 +1,343 @@
+//! OpenAI's request and response shapes, and their conversion to and from
+//! the gRPC API's. Pure: no I/O, unit-tested.
+//!
+//! A parameter we do not implement is refused by name (400) rather than
+//! ignored, unless it is sent with the value that means "off" (`n: 1`,
+//! `logprobs: false`, a zero penalty, no tools): a caller must not believe it
+//! got what it asked for.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use specmesh_proto::v1;
+
+/// A request the front refuses: 400 with OpenAI's error shape, naming the
+/// parameter.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct BadRequest {
+    pub message: String,
+    pub param: Option<String>,
+}
+
+impl BadRequest {
+    fn new(param: &str, message: impl Into<String>) -> BadRequest {
+        BadRequest {
+            message: message.into(),
+            param: Some(param.to_owned()),
+        }
+    }
+}
+
+/// `stop`: one string or several.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Message content: text, or parts of which only text is supported.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Map<String, Value>>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Message {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `prediction: {"type": "content", "content": ...}`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Prediction {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub content: Content,
+}
+
+/// What both endpoints share.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Common {
+    pub model: String,
+    pub max_tokens: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub user: Option<String>,
+    pub prediction: Option<Prediction>,
+    /// Everything else, checked by [`unsupported`].
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<Message>,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Value,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+/// Parameters accepted with the value that turns them off, and ignored
+/// ones that only label a request.
+fn unsupported(rest: &Map<String, Value>) -> Result<(), BadRequest> {
+    for (key, value) in rest {
+        let off = match key.as_str() {
+            "n" | "best_of" => value.is_null() || value == &Value::from(1),
+            "logprobs" | "echo" | "parallel_tool_calls" => {
+                value.is_null() || value == &Value::Bool(false)
+            }
+            "presence_penalty" | "frequency_penalty" => {
+                value.is_null() || value.as_f64() == Some(0.0)
+            }
+            "tools" | "functions" | "logit_bias" => {
+                value.is_null()
+                    || value.as_array().is_some_and(Vec::is_empty)
+                    || value.as_object().is_some_and(Map::is_empty)
+            }
+            "tool_choice" | "function_call" => value.is_null() || value == "none",
+            "response_format" => {
+                value.is_null() || value.get("type").and_then(Value::as_str) == Some("text")
+            }
+            "top_logprobs" | "suffix" => value.is_null(),
+            // Labels: nothing to do.
+            "metadata" | "store" | "service_tier" => true,
+            _ => false,
+        };
+        if !off {
+            return Err(BadRequest::new(
+                key,
+                format!("`{key}` is not supported by this server (value {value})"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn text_of(content: &Content, param: &str) -> Result<String, BadRequest> {
+    match content {
+        Content::Text(t) => Ok(t.clone()),
+        Content::Parts(parts) => {
+            let mut out = String::new();
+            for (i, part) in parts.iter().enumerate() {
+                match (part.get("type").and_then(Value::as_str), part.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => out.push_str(t),
+                    (kind, _) => {
+                        return Err(BadRequest::new(
+                            &format!("{param}[{i}]"),
+                            format!(
+                                "only text content parts are supported, got {}",
+                                kind.unwrap_or("a part without a type")
+                            ),
+                        ));
+                    }
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// A random sampler seed for sampled requests that name none: OpenAI's
+/// requests without a seed are not reproducible, ours are by default.
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+impl Common {
+    /// The shared fields as a `GenerateRequest` around `input`.
+    fn to_wire(
+        &self,
+        input: v1::generate_request::Input,
+    ) -> Result<v1::GenerateRequest, BadRequest> {
+        unsupported(&self.rest)?;
+        if self.stream_options.is_some() && !self.stream {
+            return Err(BadRequest::new(
+                "stream_options",
+                "`stream_options` needs `stream: true`",
+            ));
+        }
+        let max_new_tokens = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(0), _) | (None, Some(0)) => {
+                return Err(BadRequest::new("max_tokens", "must be at least 1"));
+            }
+            (Some(n), _) | (None, Some(n)) => n,
+            (None, None) => 0,
+        };
+        // OpenAI's default temperature is 1; 0 is greedy.
+        let temperature = self.temperature.unwrap_or(1.0);
+        let seed = match self.seed {
+            Some(s) => s,
+            None if temperature > 0.0 => fresh_seed(),
+            None => 0,
+        };
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        let prediction = match &self.prediction {
+            None => String::new(),
+            Some(p) if p.kind == "content" => text_of(&p.content, "prediction.content")?,
+            Some(p) => {
+                return Err(BadRequest::new(
+                    "prediction.type",
+                    format!("must be \"content\", got {:?}", p.kind),
+                ));
+            }
+        };
+        Ok(v1::GenerateRequest {
+            input: Some(input),
+            max_new_tokens,
+            sampling: Some(v1::SamplingParams {
+                temperature,
+                top_p: self.top_p.unwrap_or(1.0),
+                top_k: 0,
+                seed,
+            }),
+            stop,
+            prediction,
+            ..Default::default()
+        })
+    }
+}
+
+impl ChatRequest {
+    pub fn to_wire(&self) -> Result<v1::GenerateRequest, BadRequest> {
+        let mut messages = Vec::with_capacity(self.messages.len());
+        for (i, m) in self.messages.iter().enumerate() {
+            // OpenAI's newer name for the system role.
+            let role = match m.role.as_str() {
+                "developer" => "system",
+                r @ ("system" | "user" | "assistant") => r,
+                other => {
+                    return Err(BadRequest::new(
+                        &format!("messages[{i}].role"),
+                        format!(
+                            "must be \"system\", \"developer\", \"user\" or \"assistant\", got {other:?}"
+                        ),
+                    ));
+                }
+            };
+            let content = match &m.content {
+                Some(c) => text_of(c, &format!("messages[{i}].content"))?,
+                None => String::new(),
+            };
+            messages.push(v1::ChatMessage {
+                role: role.to_owned(),
+                content,
+            });
+        }
+        self.common
+            .to_wire(v1::generate_request::Input::Chat(v1::Chat { messages }))
+    }
+}
+
+impl CompletionRequest {
+    pub fn to_wire(&self) -> Result<v1::GenerateRequest, BadRequest> {
+        let prompt = match &self.prompt {
+            Value::String(s) => s.clone(),
+            Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+                a[0].as_str().unwrap_or_default().to_owned()
+            }
+            _ => {
+                return Err(BadRequest::new(
+                    "prompt",
+                    "must be one string (several prompts or token arrays are not supported)",
+                ));
+            }
+        };
+        self.common
+            .to_wire(v1::generate_request::Input::Prompt(prompt))
+    }
+}
+
+/// OpenAI's finish reasons: an EOS and a stop string are both `stop`.
+pub fn finish_reason(reason: i32) -> Option<&'static str> {
+    match v1::FinishReason::try_from(reason).ok()? {
+        v1::FinishReason::Length => Some("length"),
+        v1::FinishReason::Eos | v1::FinishReason::Stop => Some("stop"),
+        _ => None,
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct CompletionTokensDetails {
+    pub accepted_prediction_tokens: u32,
+    pub rejected_prediction_tokens: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+    pub completion_tokens_details: CompletionTokensDetails,
+}
+
+impl From<v1::Usage> for Usage {
+    fn from(u: v1::Usage) -> Usage {
+        Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.prompt_tokens.saturating_add(u.completion_tokens),
+            completion_tokens_details: CompletionTokensDetails {
+                accepted_prediction_tokens: u.accepted_prediction_tokens,
+                rejected_prediction_tokens: u.rejected_prediction_tokens,
+            },
+        }
+    }
+}
+
+/// Our extension field `specmesh`: how speculation went.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Speculation {
+    pub verify_steps: u32,
+    pub drafted_tokens: u32,
+    pub accepted_tokens: u32,
+    pub mean_accepted_per_step: f64,
+}
+
+impl From<v1::SpeculationStats> for Speculation {
+    fn from(s: v1::SpeculationStats) -> Speculation {
+        Speculation {
+            verify_steps: s.verify_steps,
+            drafted_tokens: s.drafted_tokens,
+            accepted_tokens: s.accepted_tokens,
+            mean_accepted_per_step: s.mean_accepted_per_step,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,114 @@
+use super::*;
+
+fn chat(body: serde_json::Value) -> Result<v1::GenerateRequest, BadRequest> {
+    serde_json::from_value::<ChatRequest>(body)
+        .unwrap()
+        .to_wire()
+}
+
+#[test]
+fn a_chat_request_becomes_a_generate_request() {
+    let r = chat(serde_json::json!({
+        "model": "m",
+        "messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+        ],
+        "max_completion_tokens": 12, "max_tokens": 99,
+        "temperature": 0, "seed": 5, "stop": "\n\n", "user": "u-1",
+        "n": 1, "logprobs": false, "presence_penalty": 0, "tools": [],
+        "prediction": {"type": "content", "content": "Hello"},
+    }))
+    .unwrap();
+    let Some(v1::generate_request::Input::Chat(c)) = r.input else {
+        panic!("a chat")
+    };
+    assert_eq!(c.messages[0].role, "system");
+    assert_eq!(c.messages[1].content, "Hi there");
+    assert_eq!(r.max_new_tokens, 12, "max_completion_tokens wins");
+    let s = r.sampling.unwrap();
+    assert_eq!((s.temperature, s.seed), (0.0, 5));
+    assert_eq!(r.stop, ["\n\n"]);
+    assert_eq!(r.prediction, "Hello");
+}
+
+#[test]
+fn unsupported_parameters_are_refused_by_name() {
+    let base = |extra: serde_json::Value| {
+        let mut v =
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+        v.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        chat(v)
+    };
+    for (extra, param) in [
+        (serde_json::json!({"n": 2}), "n"),
+        (serde_json::json!({"logprobs": true}), "logprobs"),
+        (
+            serde_json::json!({"tools": [{"type": "function"}]}),
+            "tools",
+        ),
+        (
+            serde_json::json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            serde_json::json!({"frequency_penalty": 0.5}),
+            "frequency_penalty",
+        ),
+        (serde_json::json!({"mystery": 1}), "mystery"),
+        (serde_json::json!({"max_tokens": 0}), "max_tokens"),
+        (
+            serde_json::json!({"stream_options": {"include_usage": true}}),
+            "stream_options",
+        ),
+        (
+            serde_json::json!({"prediction": {"type": "image", "content": "x"}}),
+            "prediction.type",
+        ),
+    ] {
+        let e = base(extra.clone()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some(param), "{extra}: {e}");
+    }
+    let e = chat(serde_json::json!({"model": "m", "messages": [{"role": "tool", "content": "x"}]}))
+        .unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("messages[0].role"));
+    assert!(e.message.contains("\"tool\""), "{e}");
+}
+
+#[test]
+fn completions_take_one_prompt_and_openais_defaults() {
+    let r: CompletionRequest =
+        serde_json::from_value(serde_json::json!({"model": "m", "prompt": ["def f():"]})).unwrap();
+    let w = r.to_wire().unwrap();
+    assert_eq!(
+        w.input,
+        Some(v1::generate_request::Input::Prompt("def f():".into()))
+    );
+    // OpenAI's default temperature is 1, with a fresh seed.
+    assert_eq!(w.sampling.unwrap().temperature, 1.0);
+    let r: CompletionRequest =
+        serde_json::from_value(serde_json::json!({"model": "m", "prompt": ["a", "b"]})).unwrap();
+    assert_eq!(r.to_wire().unwrap_err().param.as_deref(), Some("prompt"));
+}
+
+#[test]
+fn usage_carries_the_prediction_counts_under_openais_names() {
+    let u = Usage::from(v1::Usage {
+        prompt_tokens: 3,
+        completion_tokens: 4,
+        accepted_prediction_tokens: 2,
+        rejected_prediction_tokens: 1,
+    });
+    let v = serde_json::to_value(u).unwrap();
+    assert_eq!(v["total_tokens"], 7);
+    assert_eq!(
+        v["completion_tokens_details"]["accepted_prediction_tokens"],
+        2
+    );
+    assert_eq!(
+        v["completion_tokens_details"]["rejected_prediction_tokens"],
+        1
+    );
+}

@@ -1,0 +1,143 @@
+//! The OpenAI-compatible HTTP front, driven by the official `openai` Python
+//! package (tests/python/openai_client.py) against a running mesh: chat,
+//! streaming with usage, completions, a stop string, a seeded sampled
+//! request, refusals in OpenAI's error shape, a predicted output, and a
+//! stream the client walks away from, whose KV the verifier frees. The
+//! greedy answers must equal the gRPC API's for the same requests.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use specmesh_e2e::cluster::{COST_CURVE, free_addr, verifier_stats};
+use specmesh_e2e::deploy::python;
+use specmesh_e2e::mesh::chat_request;
+use specmesh_e2e::model_path;
+use specmesh_e2e::service::Service;
+use specmesh_proto::v1;
+use specmesh_proto::v1::generation_client::GenerationClient;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_client_gets_what_the_grpc_api_gives() {
+    let model = model_path();
+    let model_arg = model.display().to_string();
+    let model_id = model.file_name().unwrap().to_string_lossy().into_owned();
+    let drafter = Service::start("specmesh-drafter", &[] as &[&str], &[]);
+    let verifier = Service::start(
+        "specmesh-verifier",
+        &[
+            "--model",
+            &model_arg,
+            "--threads",
+            "1",
+            "--cost-curve",
+            COST_CURVE,
+            "--drafters",
+            &drafter.url,
+        ],
+        &[],
+    );
+    let http = free_addr();
+    let gateway = Service::start(
+        "specmesh-gateway",
+        &[
+            "--model",
+            &model_arg,
+            "--verifiers",
+            &verifier.url,
+            "--drafters",
+            &drafter.url,
+            "--http-listen",
+            &http,
+        ],
+        &[],
+    );
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/openai_client.py");
+    let out = Command::new(python())
+        .args([script, &format!("http://{http}"), &model_id])
+        .output()
+        .expect("running the openai client (scripts/python-env.sh installs it)");
+    assert!(
+        out.status.success(),
+        "the openai client failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    println!("{}", serde_json::to_string_pretty(&seen).unwrap());
+
+    // The gRPC API's answers to the same requests.
+    let mut grpc = GenerationClient::connect(gateway.url.clone()).await.unwrap();
+    let chat = grpc
+        .generate(chat_request("Name three colors of the rainbow.", 32))
+        .await
+        .unwrap()
+        .into_inner();
+    let completion = grpc
+        .generate(v1::GenerateRequest {
+            input: Some(v1::generate_request::Input::Prompt(
+                "def fibonacci(n):".into(),
+            )),
+            max_new_tokens: 24,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+
+    assert_eq!(seen["models"], serde_json::json!([model_id]));
+    assert_eq!(seen["chat"]["text"], chat.text.as_str());
+    assert_eq!(seen["chat"]["object"], "chat.completion");
+    let usage = chat.usage.unwrap();
+    assert_eq!(seen["chat"]["usage"]["prompt_tokens"], usage.prompt_tokens);
+    assert_eq!(seen["chat"]["usage"]["completion_tokens"], usage.completion_tokens);
+    assert_eq!(
+        seen["chat"]["usage"]["total_tokens"],
+        usage.prompt_tokens + usage.completion_tokens
+    );
+    // Streaming: the same text, the usage in its own last chunk.
+    assert_eq!(seen["stream"]["text"], chat.text.as_str());
+    assert_eq!(seen["stream"]["usage"]["completion_tokens"], usage.completion_tokens);
+    assert_eq!(seen["stream"]["finish_reason"], seen["chat"]["finish_reason"]);
+    assert_eq!(seen["completion"]["text"], completion.text.as_str());
+    // A stop string: the answer up to it, finish reason `stop`.
+    let stop = seen["stop"]["stop"].as_str().unwrap();
+    let cut = &chat.text[..chat.text.find(stop).expect("the stop string is in the answer")];
+    assert_eq!(seen["stop"]["text"], cut);
+    assert_eq!(seen["stop"]["finish_reason"], "stop");
+    // Sampled with a seed: reproducible.
+    assert_eq!(seen["seeded"][0], seen["seeded"][1]);
+    assert!(!seen["seeded"][0].as_str().unwrap().is_empty());
+    // Refusals in OpenAI's error shape, naming what to fix.
+    let error = |name: &str| &seen["errors"][name];
+    assert_eq!(error("n")["status"], 400);
+    assert_eq!(error("n")["body"]["param"], "n");
+    assert_eq!(error("role")["status"], 400);
+    assert_eq!(error("model")["status"], 404);
+    assert_eq!(error("model")["body"]["code"], "model_not_found");
+    assert_eq!(error("context")["status"], 400);
+    assert!(
+        error("context")["body"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_new_tokens"),
+        "{}",
+        error("context")
+    );
+    // A predicted output: the same text, the prediction's tokens used.
+    assert_eq!(seen["prediction"]["text"], chat.text.as_str());
+    let details = &seen["prediction"]["usage"]["completion_tokens_details"];
+    assert!(details["accepted_prediction_tokens"].as_u64().unwrap() > 0, "{details}");
+
+    // The stream the client left: its session ends on the verifier and its
+    // KV is freed (the 2000-token answer would run for many seconds).
+    assert_eq!(seen["cancelled_after_chunks"], 3);
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = verifier_stats(&verifier.url).await.unwrap();
+        if s.active_sessions == 0 && s.kv_bytes == 0 {
+            break;
+        }
+        assert!(Instant::now() < until, "the abandoned session still runs: {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
