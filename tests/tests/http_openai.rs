@@ -141,3 +141,46 @@ async fn the_openai_client_gets_what_the_grpc_api_gives() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// `POST URL` with a JSON body and an optional bearer key: (status, body).
+fn post(url: &str, body: &str, key: Option<&str>) -> (u16, Value) {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-s", "-w", "\n%{http_code}", "--max-time", "60", "-H"])
+        .arg("content-type: application/json")
+        .args(["-d", body, url]);
+    if let Some(key) = key {
+        cmd.arg("-H").arg(format!("authorization: Bearer {key}"));
+    }
+    let out = cmd.output().expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').expect("a status line");
+    (code.trim().parse().unwrap(), serde_json::from_str(body).unwrap())
+}
+
+/// With `--api-keys`, the HTTP front authenticates as the gRPC API does:
+/// no key or an unknown one is 401 in OpenAI's shape, a tenant's key runs.
+#[test]
+fn the_http_front_takes_the_gateways_api_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let tenant = specmesh_e2e::tenants::new_key("team-a");
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, format!("{}\n", tenant.line)).unwrap();
+    let http = free_addr();
+    let _mesh = specmesh_e2e::tenants::KeyedMesh::start(&keys, false, &["--http-listen", &http]);
+    let model_id = model_path().file_name().unwrap().to_string_lossy().into_owned();
+    let url = format!("http://{http}/v1/chat/completions");
+    let body = serde_json::json!({
+        "model": model_id, "temperature": 0, "max_tokens": 8,
+        "messages": [{"role": "user", "content": "Hi"}],
+    })
+    .to_string();
+    let (status, error) = post(&url, &body, None);
+    assert_eq!(status, 401, "{error}");
+    assert_eq!(error["error"]["type"], "authentication_error");
+    let (status, error) = post(&url, &body, Some("sk-not-a-key"));
+    assert_eq!(status, 401, "{error}");
+    let (status, ok) = post(&url, &body, Some(&tenant.key));
+    assert_eq!(status, 200, "{ok}");
+    assert_eq!(ok["object"], "chat.completion");
+    assert!(ok["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+}
