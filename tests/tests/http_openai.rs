@@ -66,7 +66,9 @@ async fn the_openai_client_gets_what_the_grpc_api_gives() {
     println!("{}", serde_json::to_string_pretty(&seen).unwrap());
 
     // The gRPC API's answers to the same requests.
-    let mut grpc = GenerationClient::connect(gateway.url.clone()).await.unwrap();
+    let mut grpc = GenerationClient::connect(gateway.url.clone())
+        .await
+        .unwrap();
     let chat = grpc
         .generate(chat_request("Name three colors of the rainbow.", 32))
         .await
@@ -89,19 +91,31 @@ async fn the_openai_client_gets_what_the_grpc_api_gives() {
     assert_eq!(seen["chat"]["object"], "chat.completion");
     let usage = chat.usage.unwrap();
     assert_eq!(seen["chat"]["usage"]["prompt_tokens"], usage.prompt_tokens);
-    assert_eq!(seen["chat"]["usage"]["completion_tokens"], usage.completion_tokens);
+    assert_eq!(
+        seen["chat"]["usage"]["completion_tokens"],
+        usage.completion_tokens
+    );
     assert_eq!(
         seen["chat"]["usage"]["total_tokens"],
         usage.prompt_tokens + usage.completion_tokens
     );
     // Streaming: the same text, the usage in its own last chunk.
     assert_eq!(seen["stream"]["text"], chat.text.as_str());
-    assert_eq!(seen["stream"]["usage"]["completion_tokens"], usage.completion_tokens);
-    assert_eq!(seen["stream"]["finish_reason"], seen["chat"]["finish_reason"]);
+    assert_eq!(
+        seen["stream"]["usage"]["completion_tokens"],
+        usage.completion_tokens
+    );
+    assert_eq!(
+        seen["stream"]["finish_reason"],
+        seen["chat"]["finish_reason"]
+    );
     assert_eq!(seen["completion"]["text"], completion.text.as_str());
     // A stop string: the answer up to it, finish reason `stop`.
     let stop = seen["stop"]["stop"].as_str().unwrap();
-    let cut = &chat.text[..chat.text.find(stop).expect("the stop string is in the answer")];
+    let cut = &chat.text[..chat
+        .text
+        .find(stop)
+        .expect("the stop string is in the answer")];
     assert_eq!(seen["stop"]["text"], cut);
     assert_eq!(seen["stop"]["finish_reason"], "stop");
     // Sampled with a seed: reproducible.
@@ -126,7 +140,10 @@ async fn the_openai_client_gets_what_the_grpc_api_gives() {
     // A predicted output: the same text, the prediction's tokens used.
     assert_eq!(seen["prediction"]["text"], chat.text.as_str());
     let details = &seen["prediction"]["usage"]["completion_tokens_details"];
-    assert!(details["accepted_prediction_tokens"].as_u64().unwrap() > 0, "{details}");
+    assert!(
+        details["accepted_prediction_tokens"].as_u64().unwrap() > 0,
+        "{details}"
+    );
 
     // The stream the client left: its session ends on the verifier and its
     // KV is freed (the 2000-token answer would run for many seconds).
@@ -137,7 +154,10 @@ async fn the_openai_client_gets_what_the_grpc_api_gives() {
         if s.active_sessions == 0 && s.kv_bytes == 0 {
             break;
         }
-        assert!(Instant::now() < until, "the abandoned session still runs: {s:?}");
+        assert!(
+            Instant::now() < until,
+            "the abandoned session still runs: {s:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -154,7 +174,10 @@ fn post(url: &str, body: &str, key: Option<&str>) -> (u16, Value) {
     let out = cmd.output().expect("curl");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').expect("a status line");
-    (code.trim().parse().unwrap(), serde_json::from_str(body).unwrap())
+    (
+        code.trim().parse().unwrap(),
+        serde_json::from_str(body).unwrap(),
+    )
 }
 
 /// With `--api-keys`, the HTTP front authenticates as the gRPC API does:
@@ -167,7 +190,11 @@ fn the_http_front_takes_the_gateways_api_keys() {
     std::fs::write(&keys, format!("{}\n", tenant.line)).unwrap();
     let http = free_addr();
     let _mesh = specmesh_e2e::tenants::KeyedMesh::start(&keys, false, &["--http-listen", &http]);
-    let model_id = model_path().file_name().unwrap().to_string_lossy().into_owned();
+    let model_id = model_path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
     let url = format!("http://{http}/v1/chat/completions");
     let body = serde_json::json!({
         "model": model_id, "temperature": 0, "max_tokens": 8,

@@ -133,11 +133,12 @@ fn call<T: serde::de::DeserializeOwned>(
     headers: &HeaderMap,
     body: &Bytes,
     convert: impl Fn(&T) -> Result<(v1::GenerateRequest, String, bool, bool), openai::BadRequest>,
-) -> Result<(tonic::Request<v1::GenerateRequest>, bool, bool), ApiError> {
-    let parsed: T = serde_json::from_slice(body).map_err(|e| ApiError::bad_json(&e))?;
-    let (request, model, stream, include_usage) = convert(&parsed)?;
+) -> Result<(tonic::Request<v1::GenerateRequest>, bool, bool), Box<ApiError>> {
+    let parsed: T = serde_json::from_slice(body).map_err(|e| Box::new(ApiError::bad_json(&e)))?;
+    let (request, model, stream, include_usage) =
+        convert(&parsed).map_err(|e| Box::new(ApiError::from(e)))?;
     if model != *front.model {
-        return Err(ApiError::unknown_model(&model, &front.model));
+        return Err(Box::new(ApiError::unknown_model(&model, &front.model)));
     }
     let mut call = tonic::Request::new(request);
     if let Some(v) = headers
@@ -217,12 +218,12 @@ fn request_id(metadata: &tonic::metadata::MetadataMap) -> String {
 
 async fn respond(
     front: Front,
-    prepared: Result<(tonic::Request<v1::GenerateRequest>, bool, bool), ApiError>,
+    prepared: Result<(tonic::Request<v1::GenerateRequest>, bool, bool), Box<ApiError>>,
     kind: Kind,
 ) -> Response {
     let (request, stream, include_usage) = match prepared {
         Ok(p) => p,
-        Err(e) => return e.into_response(),
+        Err(e) => return (*e).into_response(),
     };
     let model = front.model.to_string();
     if !stream {
