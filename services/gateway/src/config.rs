@@ -421,21 +421,14 @@ mod tests {
             "dns:///specmesh-drafter.ml.svc.cluster.local:50061"
         );
         assert_eq!(c.resolve_interval, Duration::from_secs(1));
-        for (entry, why) in [
-            ("dns:///v", "the port is missing"),
-            ("dns:///v:0", "from 1 to 65535"),
-            ("dns:///v:x", "from 1 to 65535"),
-            ("dns://10.0.0.10/v:1", "no DNS server in the entry"),
-            ("dns:///:1", "must be a DNS name"),
-            ("dns:///a/b:1", "must be a DNS name"),
-        ] {
-            let err = parse(&["--verifiers", entry]).unwrap_err().to_string();
-            assert!(
-                err.starts_with(&format!("`--verifiers` entry `{entry}` is not a valid URI"))
-                    && err.contains(why),
-                "{entry}: {err}"
-            );
-        }
+        // Each malformed entry's message: the service kit's tests
+        // (specmesh_server::discovery); here, that the flag is named.
+        let err = parse(&["--verifiers", "dns:///v"]).unwrap_err().to_string();
+        assert!(
+            err.starts_with("`--verifiers` entry `dns:///v` is not a valid URI")
+                && err.contains("the port is missing"),
+            "{err}"
+        );
         let err = parse(&["--verifiers", "dns:///v:1,dns:///v:1"]).unwrap_err();
         assert_eq!(err.to_string(), "`--verifiers` lists `dns:///v:1` twice");
         let err = parse(&["--verifiers", "dns:///v:1", "--resolve-interval-ms", "10"]).unwrap_err();

@@ -135,16 +135,7 @@ mod tests {
     use super::*;
     use specmesh_server::discovery::parse_sources;
 
-    fn plan(endpoint: &str, fallbacks: &[&str]) -> DraftPlan {
-        DraftPlan {
-            endpoint: endpoint.into(),
-            max_draft_tokens: 8,
-            tenant: String::new(),
-            sources: specmesh_draft::Sources::Auto,
-            fallbacks: fallbacks.iter().map(|s| s.to_string()).collect(),
-            prediction: Vec::new(),
-        }
-    }
+    use crate::validate::test_plan as plan;
 
     fn drafters(raw: &str) -> Drafters {
         let raw: Vec<String> = raw.split(',').map(str::to_owned).collect();

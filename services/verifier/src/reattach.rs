@@ -145,16 +145,7 @@ impl Drop for Reattach {
 mod tests {
     use super::*;
 
-    fn plan(endpoint: &str, fallbacks: &[&str]) -> DraftPlan {
-        DraftPlan {
-            endpoint: endpoint.into(),
-            max_draft_tokens: 8,
-            tenant: String::new(),
-            sources: specmesh_draft::Sources::Auto,
-            fallbacks: fallbacks.iter().map(|s| s.to_string()).collect(),
-            prediction: Vec::new(),
-        }
-    }
+    use crate::validate::test_plan as plan;
 
     #[test]
     fn fallbacks_come_first_then_the_own_drafter_round_and_round() {

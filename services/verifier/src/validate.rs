@@ -113,6 +113,19 @@ impl ValidRun {
     }
 }
 
+/// A model-free plan with `endpoint` and `fallbacks`, for tests.
+#[cfg(test)]
+pub(crate) fn test_plan(endpoint: &str, fallbacks: &[&str]) -> DraftPlan {
+    DraftPlan {
+        endpoint: endpoint.into(),
+        max_draft_tokens: 8,
+        tenant: String::new(),
+        sources: specmesh_draft::Sources::Auto,
+        fallbacks: fallbacks.iter().map(|s| s.to_string()).collect(),
+        prediction: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod fuzz;
 
