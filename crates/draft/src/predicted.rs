@@ -15,9 +15,12 @@
 //! inserted text comes back where it left), else the nearest before it.
 //!
 //! Scores are `rate^depth`, `rate` the per-token acceptance observed for
-//! this session's prediction (decayed counts from a prior of 0.8), so the
-//! chain competes with the other drafters' nodes in a merge on the same
-//! footing: the probability that the target accepts the path.
+//! this session's prediction (decayed counts from a prior of 0.6, weighing
+//! about the last ten steps), so the chain competes with the other
+//! drafters' nodes in a merge on the same footing: the probability that
+//! the target accepts the path. A more trusting prior (0.8, slower to
+//! learn) deepened trees past the edits of code-edit answers and cost
+//! SmolLM2-135M 13% against automatic speculation alone (docs/performance.md).
 
 use specmesh_tree::TokenTree;
 
@@ -52,9 +55,9 @@ struct Rate {
 }
 
 impl Rate {
-    const DECAY: f32 = 0.95;
-    const PRIOR: f32 = 0.8;
-    const PRIOR_WEIGHT: f32 = 4.0;
+    const DECAY: f32 = 0.9;
+    const PRIOR: f32 = 0.6;
+    const PRIOR_WEIGHT: f32 = 2.0;
 
     fn mean(&self) -> f32 {
         self.hits / self.trials
