@@ -29,6 +29,7 @@ use specmesh_tree::TokenTree;
 
 use crate::merged::candidates::Candidates;
 use crate::merged::hashing::{FastMap, mix};
+use crate::merged::rate::{Rate, survived};
 use crate::merged::{checked_root, fallback, placeholder};
 use crate::{DraftContext, Drafter, Feedback};
 
@@ -87,35 +88,11 @@ fn key(h: u64, n: usize) -> u64 {
     mix(h, n as u32)
 }
 
-/// A per-token acceptance rate: decayed counts plus a prior, so it starts
-/// sensible and follows drift (about the last 50 observations weigh in).
-#[derive(Clone, Copy, Debug)]
-struct Rate {
-    hits: f32,
-    trials: f32,
-}
-
-impl Rate {
-    const DECAY: f32 = 0.98;
-    const PRIOR_WEIGHT: f32 = 4.0;
-
-    /// Prior mean n / (n + 1.5): 0.4 for unigrams, 0.73 for 4-grams.
-    fn prior(n: usize) -> Rate {
-        let mean = n as f32 / (n as f32 + 1.5);
-        Rate {
-            hits: mean * Rate::PRIOR_WEIGHT,
-            trials: Rate::PRIOR_WEIGHT,
-        }
-    }
-
-    fn mean(&self) -> f32 {
-        self.hits / self.trials
-    }
-
-    fn update(&mut self, hits: usize, trials: usize) {
-        self.hits = self.hits * Rate::DECAY + hits as f32;
-        self.trials = self.trials * Rate::DECAY + trials as f32;
-    }
+/// The prior acceptance rate of a match of length `n`: n / (n + 1.5),
+/// 0.4 for unigrams, 0.73 for 4-grams, worth 4 observations; about the
+/// last 50 observations weigh in.
+fn prior(n: usize) -> Rate {
+    Rate::new(n as f32 / (n as f32 + 1.5), 4.0, 0.98)
 }
 
 /// A continuation proposed last step: `len` tokens of the context from
@@ -156,7 +133,7 @@ impl PromptLookup {
     pub fn new(cfg: LookupConfig) -> PromptLookup {
         let cfg = cfg.clamped();
         PromptLookup {
-            rates: (cfg.min_ngram..=cfg.max_ngram).map(Rate::prior).collect(),
+            rates: (cfg.min_ngram..=cfg.max_ngram).map(prior).collect(),
             cfg,
             seen: Vec::new(),
             heads: FastMap::default(),
@@ -324,27 +301,14 @@ impl Drafter for PromptLookup {
             let Some(tokens) = self.seen.get(b.start..b.start + b.len) else {
                 continue;
             };
-            let mut node = 0;
-            let mut offered = 0;
-            for &t in tokens {
-                match feedback.tree.child_with(node, t) {
-                    Some(c) => node = c,
-                    None => break,
-                }
-                offered += 1;
-            }
-            let accepted = tokens[..offered]
-                .iter()
-                .zip(feedback.committed)
-                .take_while(|(a, b)| a == b)
-                .count();
+            let (accepted, offered) = survived(feedback.tree, tokens, feedback.committed);
             if offered > 0 && best[b.level].is_none_or(|(a, _)| accepted > a) {
                 best[b.level] = Some((accepted, offered));
             }
         }
         for (rate, best) in self.rates.iter_mut().zip(best) {
             if let Some((accepted, offered)) = best {
-                rate.update(accepted, (accepted + 1).min(offered));
+                rate.observe(accepted, offered);
             }
         }
         self.last.clear();

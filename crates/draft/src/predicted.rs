@@ -26,6 +26,7 @@ use specmesh_tree::TokenTree;
 
 use crate::merged::candidates::Candidates;
 use crate::merged::hashing::{FastMap, mix};
+use crate::merged::rate::{Rate, survived};
 use crate::merged::{checked_root, fallback, placeholder};
 use crate::{DraftContext, Drafter, Feedback};
 
@@ -47,21 +48,10 @@ impl Default for PredictedConfig {
     }
 }
 
-/// Decayed acceptance counts with a prior.
-#[derive(Clone, Copy, Debug)]
-struct Rate {
-    hits: f32,
-    trials: f32,
-}
-
-impl Rate {
-    const DECAY: f32 = 0.9;
-    const PRIOR: f32 = 0.6;
-    const PRIOR_WEIGHT: f32 = 2.0;
-
-    fn mean(&self) -> f32 {
-        self.hits / self.trials
-    }
+/// The prior acceptance of a prediction's tokens, worth two observations,
+/// learned over about the last ten (see the module docs for why not more).
+fn prior() -> Rate {
+    Rate::new(0.6, 2.0, 0.9)
 }
 
 /// The predicted-output drafter of one session; see the module docs.
@@ -107,10 +97,7 @@ impl Predicted {
             index,
             cursor: Some((0, prompt_len)),
             last_cursor: 0,
-            rate: Rate {
-                hits: Rate::PRIOR * Rate::PRIOR_WEIGHT,
-                trials: Rate::PRIOR_WEIGHT,
-            },
+            rate: prior(),
             last: None,
             cands: Candidates::new(),
         }
@@ -220,26 +207,10 @@ impl Drafter for Predicted {
             return;
         }
         let chain = &self.prediction[at..at + len];
-        let mut node = 0;
-        let mut offered = 0;
-        for &t in chain {
-            match feedback.tree.child_with(node, t) {
-                Some(c) => node = c,
-                None => break,
-            }
-            offered += 1;
+        let (accepted, offered) = survived(feedback.tree, chain, feedback.committed);
+        if offered > 0 {
+            self.rate.observe(accepted, offered);
         }
-        if offered == 0 {
-            return;
-        }
-        let accepted = chain[..offered]
-            .iter()
-            .zip(feedback.committed)
-            .take_while(|(a, b)| a == b)
-            .count();
-        let r = &mut self.rate;
-        r.hits = r.hits * Rate::DECAY + accepted as f32;
-        r.trials = r.trials * Rate::DECAY + (accepted + 1).min(offered) as f32;
     }
 }
 

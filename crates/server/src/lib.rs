@@ -40,6 +40,16 @@ pub fn exit_code(service: &Service, served: anyhow::Result<()>) -> std::process:
     }
 }
 
+/// Prints `line` on stdout for launchers to read (they wait for lines
+/// such as `specmesh-gateway listening on ADDR`). A closed stdout must not
+/// stop the server, so errors are ignored.
+pub fn tell_launcher(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
 /// A background task that stops with its owner.
 #[derive(Debug)]
 pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);

@@ -53,12 +53,7 @@ pub async fn serve(
     });
     let url = format!("http://{bound}/metrics");
     tracing::info!(%url, "serving metrics");
-    {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{binary} metrics on {url}");
-        let _ = out.flush();
-    }
+    crate::tell_launcher(&format!("{binary} metrics on {url}"));
     Ok(bound)
 }
 

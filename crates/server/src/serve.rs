@@ -204,10 +204,6 @@ async fn serve_health(
 
 /// Tells a launcher where the service listens (stdout), and the logs.
 fn announce(binary: &str, addr: SocketAddr, security: &Security) {
-    use std::io::Write;
     tracing::info!(%addr, tls = security.is_tls(), "listening");
-    let mut out = std::io::stdout().lock();
-    // A closed stdout must not stop the server.
-    let _ = writeln!(out, "{binary} listening on {addr}");
-    let _ = out.flush();
+    crate::tell_launcher(&format!("{binary} listening on {addr}"));
 }

@@ -80,33 +80,31 @@ pub async fn serve(
         .with_context(|| format!("binding the HTTP listener {addr} (`--http-listen`)"))?;
     let bound = listener.local_addr().context("reading the HTTP address")?;
     let (task, scheme) = match security {
-        specmesh_server::Security::Tls(tls) => {
-            let listener = listener::TlsListener::new(listener, Arc::clone(tls))?;
-            let task = tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, router).await {
-                    tracing::error!(error = %e, "the HTTP listener failed");
-                }
-            });
-            (task, "https")
-        }
-        specmesh_server::Security::Plaintext => {
-            let task = tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, router).await {
-                    tracing::error!(error = %e, "the HTTP listener failed");
-                }
-            });
-            (task, "http")
-        }
+        specmesh_server::Security::Tls(tls) => (
+            spawn(
+                listener::TlsListener::new(listener, Arc::clone(tls))?,
+                router,
+            ),
+            "https",
+        ),
+        specmesh_server::Security::Plaintext => (spawn(listener, router), "http"),
     };
     let url = format!("{scheme}://{bound}");
     tracing::info!(%url, "serving the OpenAI-compatible HTTP API");
-    {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "specmesh-gateway http on {url}");
-        let _ = out.flush();
-    }
+    specmesh_server::tell_launcher(&format!("specmesh-gateway http on {url}"));
     Ok(task)
+}
+
+fn spawn<L>(listener: L, router: Router) -> tokio::task::JoinHandle<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!(error = %e, "the HTTP listener failed");
+        }
+    })
 }
 
 async fn health() -> impl IntoResponse {
@@ -126,19 +124,53 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// What the handlers need of either request: the gRPC request and the
+/// shared parameters.
+trait OpenAiRequest: serde::de::DeserializeOwned {
+    fn common(&self) -> &openai::Common;
+    fn to_wire(&self) -> Result<v1::GenerateRequest, openai::BadRequest>;
+}
+
+impl OpenAiRequest for ChatRequest {
+    fn common(&self) -> &openai::Common {
+        &self.common
+    }
+    fn to_wire(&self) -> Result<v1::GenerateRequest, openai::BadRequest> {
+        ChatRequest::to_wire(self)
+    }
+}
+
+impl OpenAiRequest for CompletionRequest {
+    fn common(&self) -> &openai::Common {
+        &self.common
+    }
+    fn to_wire(&self) -> Result<v1::GenerateRequest, openai::BadRequest> {
+        CompletionRequest::to_wire(self)
+    }
+}
+
+/// A request ready for the service, and how to answer it.
+struct Prepared {
+    call: tonic::Request<v1::GenerateRequest>,
+    stream: bool,
+    include_usage: bool,
+}
+
 /// The request as gRPC: the body parsed, the model checked, the caller's
 /// credentials carried over.
-fn call<T: serde::de::DeserializeOwned>(
+fn prepare<T: OpenAiRequest>(
     front: &Front,
     headers: &HeaderMap,
     body: &Bytes,
-    convert: impl Fn(&T) -> Result<(v1::GenerateRequest, String, bool, bool), openai::BadRequest>,
-) -> Result<(tonic::Request<v1::GenerateRequest>, bool, bool), Box<ApiError>> {
+) -> Result<Prepared, Box<ApiError>> {
     let parsed: T = serde_json::from_slice(body).map_err(|e| Box::new(ApiError::bad_json(&e)))?;
-    let (request, model, stream, include_usage) =
-        convert(&parsed).map_err(|e| Box::new(ApiError::from(e)))?;
-    if model != *front.model {
-        return Err(Box::new(ApiError::unknown_model(&model, &front.model)));
+    let request = parsed.to_wire().map_err(|e| Box::new(ApiError::from(e)))?;
+    let common = parsed.common();
+    if common.model != *front.model {
+        return Err(Box::new(ApiError::unknown_model(
+            &common.model,
+            &front.model,
+        )));
     }
     let mut call = tonic::Request::new(request);
     if let Some(v) = headers
@@ -148,24 +180,23 @@ fn call<T: serde::de::DeserializeOwned>(
     {
         call.metadata_mut().insert("authorization", v);
     }
-    Ok((call, stream, include_usage))
+    Ok(Prepared {
+        call,
+        stream: common.stream,
+        include_usage: common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage),
+    })
 }
 
 async fn chat(State(front): State<Front>, headers: HeaderMap, body: Bytes) -> Response {
-    let prepared = call(&front, &headers, &body, |r: &ChatRequest| {
-        let c = &r.common;
-        let include = c.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Ok((r.to_wire()?, c.model.clone(), c.stream, include))
-    });
+    let prepared = prepare::<ChatRequest>(&front, &headers, &body);
     respond(front, prepared, Kind::Chat).await
 }
 
 async fn completions(State(front): State<Front>, headers: HeaderMap, body: Bytes) -> Response {
-    let prepared = call(&front, &headers, &body, |r: &CompletionRequest| {
-        let c = &r.common;
-        let include = c.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Ok((r.to_wire()?, c.model.clone(), c.stream, include))
-    });
+    let prepared = prepare::<CompletionRequest>(&front, &headers, &body);
     respond(front, prepared, Kind::Completion).await
 }
 
@@ -216,12 +247,12 @@ fn request_id(metadata: &tonic::metadata::MetadataMap) -> String {
         .to_owned()
 }
 
-async fn respond(
-    front: Front,
-    prepared: Result<(tonic::Request<v1::GenerateRequest>, bool, bool), Box<ApiError>>,
-    kind: Kind,
-) -> Response {
-    let (request, stream, include_usage) = match prepared {
+async fn respond(front: Front, prepared: Result<Prepared, Box<ApiError>>, kind: Kind) -> Response {
+    let Prepared {
+        call: request,
+        stream,
+        include_usage,
+    } = match prepared {
         Ok(p) => p,
         Err(e) => return (*e).into_response(),
     };

@@ -30,6 +30,7 @@ use candidates::Candidates;
 
 pub(crate) mod candidates;
 pub(crate) mod hashing;
+pub(crate) mod rate;
 
 /// Several drafters proposing together; see the module docs. Trees are
 /// merged exactly as [`specmesh_tree::merge`] does (union, best-first by
