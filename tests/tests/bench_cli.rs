@@ -1,6 +1,8 @@
-//! `specmesh bench` end to end: it starts the three services itself, runs
-//! the interleaved pass and a concurrency sweep on the real model, checks
-//! that every output equals plain decoding, and writes its JSON and plot.
+//! `specmesh bench` and `specmesh bench-serve` end to end: each starts the
+//! three services itself and runs on the real model (the interleaved pass
+//! and a concurrency sweep; open-loop arrivals over gRPC and over the HTTP
+//! front), checks that every output equals plain decoding, and writes its
+//! JSON and plot.
 
 use std::ffi::OsStr;
 
@@ -155,4 +157,89 @@ fn bench_refuses_bad_options_with_a_message_that_says_what_to_do() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--concurrency 0"), "{stderr}");
+}
+
+#[test]
+fn bench_serve_runs_open_loop_over_both_transports_and_writes_json_and_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let questions = dir.path().join("q.jsonl");
+    std::fs::write(&questions, QUESTIONS).unwrap();
+    for transport in ["grpc", "http"] {
+        let (json, svg) = (
+            dir.path().join(format!("{transport}.json")),
+            dir.path().join(format!("{transport}.svg")),
+        );
+        let out = run_with_env(
+            [
+                OsStr::new("bench-serve"),
+                OsStr::new("--up"),
+                OsStr::new("--transport"),
+                OsStr::new(transport),
+                OsStr::new("--model"),
+                model_path().as_os_str(),
+                OsStr::new("--questions"),
+                questions.as_os_str(),
+                OsStr::new("--request-rate"),
+                OsStr::new("4,inf"),
+                OsStr::new("--num-prompts"),
+                OsStr::new("3"),
+                OsStr::new("--max-new-tokens"),
+                OsStr::new("16"),
+                OsStr::new("--json"),
+                json.as_os_str(),
+                OsStr::new("--plot"),
+                svg.as_os_str(),
+            ],
+            &env(),
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "bench-serve over {transport} failed:\n{stderr}\n{stdout}"
+        );
+        assert!(stdout.contains("auto/off"), "no ratio row:\n{stdout}");
+
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(report["transport"], transport);
+        assert_eq!(report["mismatches"], 0);
+        let results = report["results"].as_array().unwrap();
+        let keys: Vec<(String, &str)> = results
+            .iter()
+            .map(|r| (r["request_rate"].to_string(), r["mode"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                ("4.0".into(), "off"),
+                ("4.0".into(), "auto"),
+                ("\"inf\"".into(), "off"),
+                ("\"inf\"".into(), "auto")
+            ],
+            "off then auto at each rate"
+        );
+        for r in results {
+            assert_eq!(r["completed"], 3, "{r}");
+            assert_eq!(r["failed"], 0, "{r}");
+            assert_eq!(r["mismatches"], 0, "{r}");
+            for positive in ["request_throughput", "output_throughput", "duration"] {
+                assert!(r[positive].as_f64().unwrap() > 0.0, "{positive}: {r}");
+            }
+            let tokens = r["total_output_tokens"].as_u64().unwrap();
+            assert!((3..=3 * 16).contains(&tokens), "{r}");
+            for metric in ["ttft", "tpot", "itl", "e2el"] {
+                let p50 = r[format!("median_{metric}_ms")].as_f64().unwrap();
+                let p99 = r[format!("p99_{metric}_ms")].as_f64().unwrap();
+                assert!(p50 >= 0.0 && p99 >= p50, "{metric}: {r}");
+            }
+            assert!(r["p99_e2el_ms"].as_f64().unwrap() > 0.0, "{r}");
+        }
+
+        let svg = std::fs::read_to_string(&svg).unwrap();
+        assert!(svg.starts_with("<svg"), "not an SVG");
+        for text in ["against request rate", "inf", "speculation auto"] {
+            assert!(svg.contains(text), "the plot has no {text:?}");
+        }
+    }
 }

@@ -20,6 +20,8 @@ pub struct Service {
     pub addr: String,
     /// `http://ADDR/metrics` when the service serves metrics.
     pub metrics: Option<String>,
+    /// The gateway's OpenAI-compatible front, `http://ADDR`, when it serves one.
+    pub http: Option<String>,
     child: Child,
 }
 
@@ -82,7 +84,8 @@ impl Service {
         let mut lines = BufReader::new(stdout).lines();
         let prefix = format!("{name} listening on ");
         let metrics_prefix = format!("{name} metrics on ");
-        let mut metrics = None;
+        let http_prefix = format!("{name} http on ");
+        let (mut metrics, mut http) = (None, None);
         let addr = tokio::time::timeout(timeout, async {
             while let Some(line) = lines.next_line().await? {
                 if let Some(addr) = line.strip_prefix(&prefix) {
@@ -90,6 +93,10 @@ impl Service {
                 }
                 if let Some(url) = line.strip_prefix(&metrics_prefix) {
                     metrics = Some(url.trim().to_string());
+                    continue;
+                }
+                if let Some(url) = line.strip_prefix(&http_prefix) {
+                    http = Some(url.trim().to_string());
                     continue;
                 }
                 // What a service says before it serves (its model and
@@ -106,6 +113,7 @@ impl Service {
             name,
             addr,
             metrics,
+            http,
             child,
         })
     }
@@ -205,6 +213,9 @@ pub struct Layout {
     pub draft_ahead: bool,
     /// Every service serves Prometheus metrics on a free loopback port.
     pub metrics: bool,
+    /// The gateway serves its OpenAI-compatible HTTP front on a free
+    /// loopback port too (`--http-listen`).
+    pub http: bool,
     /// How long each service may take to start.
     pub timeout: Duration,
 }
@@ -226,6 +237,7 @@ impl Mesh {
             drafter_threads,
             draft_ahead,
             metrics,
+            http,
             timeout,
         } = layout;
         let metrics_args = || -> Vec<String> {
@@ -294,6 +306,9 @@ impl Mesh {
             args.extend(["--drafters".into(), drafter_urls]);
         }
         args.extend(metrics_args());
+        if http {
+            args.extend(["--http-listen".into(), "127.0.0.1:0".into()]);
+        }
         let gateway = Service::start("specmesh-gateway", &args, timeout).await?;
         for s in vs.iter().chain(&ds).chain([&gateway]) {
             wait_healthy(&s.url(), timeout).await?;

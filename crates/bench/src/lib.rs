@@ -4,6 +4,9 @@
 //! * [`bench`] (`specmesh bench`): Spec-Bench through the gateway,
 //!   speculation against plain decoding, with the concurrency sweep, the
 //!   in-process loop and llama.cpp as an optional peer;
+//! * [`serve`] (`specmesh bench-serve`): open-loop arrivals at request
+//!   rates through the gateway's gRPC or HTTP API, speculation off against
+//!   auto, with vllm bench serve's latency metrics and goodput;
 //! * [`bench_model`] (`specmesh bench-model`): the model runtime's prefill,
 //!   decode and verify cost curve;
 //! * [`accept`] (`specmesh accept`): the drafters' acceptance (τ), replayed
@@ -15,8 +18,10 @@
 //! Spec-Bench question files is [`specbench`]. The helpers the benchmarks
 //! share with `specmesh`'s user commands live here once, and the binary uses
 //! them from here: the model flags and loading ([`local`]), prompt encoding
-//! and plain decoding ([`generation`]), and starting the services on
-//! loopback ([`launch`], the crate's only unsafe code).
+//! and plain decoding ([`generation`]), dialing the gateway ([`grpc`]), and
+//! starting the services on loopback ([`launch`], the crate's only unsafe
+//! code). Between the benchmarks: tables (`table`), percentiles
+//! (`percentile`) and plots (`svg`).
 
 #![deny(unsafe_code)]
 
@@ -26,8 +31,13 @@ pub mod bench_draft;
 pub mod bench_model;
 mod drafters;
 pub mod generation;
+pub mod grpc;
 #[allow(unsafe_code)]
 pub mod launch;
 mod llama_cpp;
 pub mod local;
+mod percentile;
+pub mod serve;
 pub mod specbench;
+mod svg;
+mod table;

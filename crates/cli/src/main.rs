@@ -1,5 +1,5 @@
 //! `specmesh`: the project's command line. The benchmark subcommands
-//! (`bench`, `bench-model`, `accept`, `bench-draft`) live in
+//! (`bench`, `bench-serve`, `bench-model`, `accept`, `bench-draft`) live in
 //! `specmesh-bench`; this binary only wires them in.
 
 #![forbid(unsafe_code)]
@@ -38,6 +38,10 @@ enum Command {
     /// Spec-Bench through the gateway: speculation against plain decoding,
     /// interleaved, with an identity check of every greedy output.
     Bench(bench::bench::Args),
+    /// Open-loop serving benchmark: requests arriving at given rates
+    /// (Poisson or gamma), speculation off against auto, with TTFT, TPOT,
+    /// ITL, end-to-end latency and goodput, over gRPC or the HTTP front.
+    BenchServe(bench::serve::Args),
     /// Measure the model runtime: prefill, decode and the verify cost curve.
     BenchModel(bench::bench_model::Args),
     /// Score the drafters offline: tokens per verify step (τ) per Spec-Bench
@@ -58,6 +62,7 @@ fn main() {
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::BenchModel(a) => bench::bench_model::run(a),
         Command::Bench(a) => bench::bench::run(a),
+        Command::BenchServe(a) => bench::serve::run(a),
         Command::Accept(a) => bench::accept::run(a),
         Command::BenchDraft(a) => bench::bench_draft::run(a),
     };

@@ -14,7 +14,7 @@ mod generate;
 mod session;
 
 pub use generate::{Generation, Stats, generate};
-pub use session::{Finish, Session, SessionLimits, Step, step_batch};
+pub use session::{BatchTimes, Finish, Session, SessionLimits, Step, step_batch, step_batch_timed};
 
 /// What can go wrong in a step; all of it is a bug or bad input upstream.
 #[derive(Debug, thiserror::Error)]

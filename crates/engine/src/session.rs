@@ -240,6 +240,29 @@ pub fn step_batch(
     items: &mut [(&mut Session, &TokenTree)],
     top_k: usize,
 ) -> Result<Vec<Step>, EngineError> {
+    step_batch_timed(model, items, top_k).map(|(steps, _)| steps)
+}
+
+/// Where a batched step's time went, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BatchTimes {
+    /// The batched forward (every session's block).
+    pub forward: f64,
+    /// Sampling and acceptance: every tree's verification against its
+    /// logits (and the top-k rows for token recycling).
+    pub verify: f64,
+    /// Committing the accepted paths into the KV caches and applying the
+    /// stop rules.
+    pub commit: f64,
+}
+
+/// [`step_batch`], with where its time went.
+pub fn step_batch_timed(
+    model: &Model,
+    items: &mut [(&mut Session, &TokenTree)],
+    top_k: usize,
+) -> Result<(Vec<Step>, BatchTimes), EngineError> {
+    let t0 = Instant::now();
     let blocks = items
         .iter()
         .map(|(s, t)| s.block(t, model))
@@ -252,6 +275,7 @@ pub fn step_batch(
             .collect();
         model.forward_batch(&mut batch)?
     };
+    let t1 = Instant::now();
     let mut verdicts = Vec::with_capacity(items.len());
     for ((s, t), l) in items.iter().zip(&logits) {
         let rows = RowMajor::new(l.as_slice(), l.vocab())?;
@@ -265,9 +289,16 @@ pub fn step_batch(
             }
         }
     }
-    items
+    let t2 = Instant::now();
+    let steps = items
         .iter_mut()
         .zip(verdicts)
         .map(|((s, t), v)| s.apply(t, v))
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    let times = BatchTimes {
+        forward: (t1 - t0).as_secs_f64(),
+        verify: (t2 - t1).as_secs_f64(),
+        commit: t2.elapsed().as_secs_f64(),
+    };
+    Ok((steps, times))
 }

@@ -25,6 +25,7 @@
 mod builder;
 mod error;
 mod merge;
+mod prune;
 mod subtree;
 mod tree;
 

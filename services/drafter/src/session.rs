@@ -184,6 +184,10 @@ pub struct DraftSession {
     drafter: SessionDrafter,
     /// The verifier's batch as the session started: step 0's plan.
     first_batch: usize,
+    /// Drafted nodes the verifier expects to grant the next tree (its
+    /// goodput planner's forecast, from the last outcome); `None` while the
+    /// verifier sends none.
+    node_budget: Option<usize>,
     arms: Arms,
     /// Seconds of one draft model forward (moving average), once measured.
     forward_secs: Option<f64>,
@@ -263,6 +267,7 @@ impl DraftSession {
             max_depth: spec.max_depth,
             drafter,
             first_batch: spec.batch_size,
+            node_budget: None,
             arms,
             forward_secs,
             last_draft: (0.0, 0, 0),
@@ -443,9 +448,22 @@ impl DraftSession {
     /// next one on (at most `max_steps`) the policy will not either.
     ///
     /// [`plan`]: DraftSession::plan
+    ///
+    /// A verifier that plans its batch's forward (it sends a node budget)
+    /// prices the batch itself: the session then decides as if it were
+    /// alone and proposes at most the budget, and the verifier's planner
+    /// prunes to what it grants. A zero budget drafts nothing but the
+    /// policy's probes, so the planner keeps seeing what the session's
+    /// drafts are worth.
     fn plan_run(&mut self, batch: usize, max_steps: usize) -> (Plan, usize) {
         self.price_switches();
-        let (arm, decided, steps) = self.arms.decide_run(batch.max(1), max_steps);
+        let priced_for = if self.node_budget.is_some() {
+            1
+        } else {
+            batch.max(1)
+        };
+        self.arms.set_grant_cap(self.node_budget);
+        let (arm, decided, steps) = self.arms.decide_run(priced_for, max_steps);
         let budget = Budget {
             max_nodes: decided.budget.max_nodes.min(self.max_draft_tokens + 1),
             max_depth: decided.budget.max_depth.min(self.max_depth),

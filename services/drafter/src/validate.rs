@@ -50,6 +50,22 @@ pub struct Outcome {
     pub top_k: Vec<Vec<(u32, f32)>>,
     /// The verifier's batch size that step, at least 1.
     pub batch_size: usize,
+    /// The part of the tree the verifier verified, when it verified only
+    /// part of it (its goodput planner's grant).
+    pub pruned: Option<Pruned>,
+    /// Drafted nodes the verifier expects to grant the next tree; `None`:
+    /// no forecast (the verifier plans no budget).
+    pub node_budget: Option<usize>,
+}
+
+/// The nodes of a tree the verifier verified, as a tree of their own: what
+/// the drafter learns from, since nodes left out were never judged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pruned {
+    pub tree: TokenTree,
+    /// The accepted path in `tree`'s indices, `[0]` when nothing was
+    /// accepted.
+    pub path: Vec<usize>,
 }
 
 impl Outcome {
@@ -71,14 +87,61 @@ impl Outcome {
             check_committed_follows_path(&o.committed, &path, tree)?;
         }
         let top_k = top_k_from_wire(o.top_k, path.len().max(1), "path node", vocab)?;
+        let pruned = if o.pruned {
+            Some(check_pruned(&o.granted, &path, tree)?)
+        } else if !o.granted.is_empty() {
+            return Err(SessionError::invalid(
+                "outcome.granted",
+                "lists nodes, but `pruned` is false: the whole tree was verified",
+            ));
+        } else {
+            None
+        };
         Ok(Outcome {
             step: o.step,
             path,
             committed: o.committed,
             top_k,
             batch_size: (o.batch_size as usize).max(1),
+            pruned,
+            node_budget: o.node_budget.map(|b| b as usize),
         })
     }
+}
+
+/// The verified part of `tree`: `granted` must be ascending drafted nodes
+/// of it, ancestor-closed, holding every node of the accepted `path`.
+fn check_pruned(granted: &[u32], path: &[usize], tree: &TokenTree) -> Result<Pruned, SessionError> {
+    if let Some(w) = granted.windows(2).find(|w| w[1] <= w[0]) {
+        let reason = format!("lists {} after {}: nodes must be ascending", w[1], w[0]);
+        return Err(SessionError::invalid("outcome.granted", reason));
+    }
+    if granted.first() == Some(&0) {
+        return Err(SessionError::invalid(
+            "outcome.granted",
+            "lists node 0: the root is always verified and is not listed",
+        ));
+    }
+    let (pruned, kept) = tree.retain_listed(granted).map_err(|e| {
+        SessionError::invalid(
+            "outcome.granted",
+            format!("is not an ancestor-closed set of the tree's nodes: {e}"),
+        )
+    })?;
+    let mut mapped = Vec::with_capacity(path.len());
+    for &node in path {
+        match kept.binary_search(&node) {
+            Ok(i) => mapped.push(i),
+            Err(_) => {
+                let reason = format!("holds node {node}, which `granted` does not list");
+                return Err(SessionError::invalid("outcome.path", reason));
+            }
+        }
+    }
+    Ok(Pruned {
+        tree: pruned,
+        path: mapped,
+    })
 }
 
 /// A validated `StepOutcome` reporting `steps` steps that verified the root
@@ -92,6 +155,8 @@ pub struct SpanOutcome {
     pub top_k: Vec<Vec<(u32, f32)>>,
     /// The verifier's batch size at the last step, at least 1.
     pub batch_size: usize,
+    /// See [`Outcome::node_budget`].
+    pub node_budget: Option<usize>,
 }
 
 impl SpanOutcome {
@@ -121,10 +186,17 @@ impl SpanOutcome {
         }
         check_tokens("outcome.committed", &o.committed, vocab)?;
         let top_k = top_k_from_wire(o.top_k, steps, "step reported", vocab)?;
+        if o.pruned || !o.granted.is_empty() {
+            return Err(SessionError::invalid(
+                "outcome.granted",
+                "is set, but the steps reported verified the root alone: nothing to prune",
+            ));
+        }
         Ok(SpanOutcome {
             committed: o.committed,
             top_k,
             batch_size: (o.batch_size as usize).max(1),
+            node_budget: o.node_budget.map(|b| b as usize),
         })
     }
 }
@@ -380,6 +452,58 @@ mod tests {
             bad(w, 2),
             "`outcome.top_k` has 3 rows, more than 2: one per step reported"
         );
+    }
+
+    #[test]
+    fn a_pruned_outcome_reads_the_path_in_the_verified_part() {
+        let mut w = outcome(vec![0, 1, 2], vec![6, 7, 9]);
+        w.pruned = true;
+        w.granted = vec![1, 2];
+        w.node_budget = Some(4);
+        let o = Outcome::from_wire(w, &tree(), 10).unwrap();
+        let p = o.pruned.expect("pruned");
+        assert_eq!(p.tree.tokens(), &[5, 6, 7]);
+        assert_eq!(p.path, [0, 1, 2]);
+        assert_eq!(o.path, [0, 1, 2], "the path stays in the drafter's indices");
+        assert_eq!(o.node_budget, Some(4));
+        // Pruned to the root alone: nothing was verified but the root.
+        let mut w = outcome(vec![0], vec![9]);
+        w.pruned = true;
+        let o = Outcome::from_wire(w, &tree(), 10).unwrap();
+        assert_eq!(o.pruned.unwrap().tree.len(), 1);
+        assert_eq!(o.node_budget, None);
+    }
+
+    #[test]
+    fn bad_grants_name_the_field() {
+        let bad = |path: Vec<u32>, committed: Vec<u32>, pruned: bool, granted: Vec<u32>| {
+            let mut w = outcome(path, committed);
+            w.pruned = pruned;
+            w.granted = granted;
+            Outcome::from_wire(w, &tree(), 10).unwrap_err().to_string()
+        };
+        let e = bad(vec![0, 1], vec![6, 9], true, vec![2, 1]);
+        assert!(
+            e.contains("outcome.granted") && e.contains("ascending"),
+            "{e}"
+        );
+        let e = bad(vec![0], vec![9], true, vec![0, 1]);
+        assert!(e.contains("outcome.granted") && e.contains("root"), "{e}");
+        let e = bad(vec![0], vec![9], true, vec![2]);
+        assert!(
+            e.contains("outcome.granted") && e.contains("ancestor"),
+            "{e}"
+        );
+        let e = bad(vec![0], vec![9], true, vec![9]);
+        assert!(e.contains("outcome.granted"), "{e}");
+        let e = bad(vec![0, 1, 2], vec![6, 7, 9], true, vec![1]);
+        assert!(e.contains("outcome.path") && e.contains("granted"), "{e}");
+        let e = bad(vec![0, 1], vec![6, 9], false, vec![1]);
+        assert!(e.contains("outcome.granted") && e.contains("pruned"), "{e}");
+        let mut w = outcome(vec![], vec![4]);
+        w.pruned = true;
+        let e = SpanOutcome::from_wire(w, 1, 10).unwrap_err().to_string();
+        assert!(e.contains("outcome.granted"), "{e}");
     }
 
     #[test]

@@ -14,12 +14,17 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use specmesh_engine::{Session, Step, step_batch};
+use specmesh_engine::{Session, Step, step_batch_timed};
 use specmesh_model::Model;
 use specmesh_tree::TokenTree;
 use tokio::sync::oneshot;
 
 use crate::error::VerifierError;
+use crate::goodput::{Goodput, Granted, SessionPlanning};
+use crate::metrics::Phase;
+
+/// A gap between forwards longer than this is idle time, not a step's.
+const MAX_STEP_GAP: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy)]
 pub struct BatcherConfig {
@@ -49,9 +54,18 @@ pub struct PrefillDone {
 
 pub struct StepDone {
     pub session: Box<Session>,
+    /// The step, its path in the drafter's tree's indices (the tree as
+    /// sent, before any pruning).
     pub result: Result<Step, VerifierError>,
     /// Sessions verified in the same forward.
     pub batch_size: usize,
+    pub planning: SessionPlanning,
+    /// The verified drafted nodes (drafter's indices, ascending) when the
+    /// planner verified only part of the tree.
+    pub granted: Option<Vec<u32>>,
+    /// Drafted nodes the planner expects to grant next step; `None` with
+    /// the planner off.
+    pub node_budget: Option<u32>,
 }
 
 enum Job {
@@ -64,6 +78,7 @@ enum Job {
         session: Box<Session>,
         tree: TokenTree,
         top_k: usize,
+        planning: SessionPlanning,
         span: tracing::Span,
         reply: oneshot::Sender<StepDone>,
     },
@@ -77,13 +92,13 @@ pub struct Batcher {
 }
 
 impl Batcher {
-    pub fn start(model: Arc<Model>, config: BatcherConfig) -> Batcher {
+    pub fn start(model: Arc<Model>, config: BatcherConfig, goodput: Goodput) -> Batcher {
         let (tx, rx) = mpsc::channel();
         let counters = Arc::new(Counters::default());
         let c = Arc::clone(&counters);
         std::thread::Builder::new()
             .name("specmesh-batcher".into())
-            .spawn(move || run(&model, config, &rx, &c))
+            .spawn(move || run(&model, config, goodput, &rx, &c))
             .expect("spawning the batching thread");
         Batcher { tx, counters }
     }
@@ -110,6 +125,7 @@ impl Batcher {
         session: Box<Session>,
         tree: TokenTree,
         top_k: usize,
+        planning: SessionPlanning,
     ) -> Result<StepDone, VerifierError> {
         let (reply, rx) = oneshot::channel();
         let span = tracing::Span::current();
@@ -118,6 +134,7 @@ impl Batcher {
                 session,
                 tree,
                 top_k,
+                planning,
                 span,
                 reply,
             })
@@ -130,8 +147,12 @@ struct StepJob {
     session: Box<Session>,
     tree: TokenTree,
     top_k: usize,
+    planning: SessionPlanning,
     span: tracing::Span,
     reply: oneshot::Sender<StepDone>,
+    queued: Instant,
+    /// What the planner granted (set when the batch is planned).
+    grant: Option<Granted>,
 }
 
 /// A prefill in progress: computed a chunk at a time, between batches.
@@ -144,7 +165,18 @@ struct PrefillJob {
     started: Instant,
 }
 
-fn run(model: &Model, config: BatcherConfig, rx: &mpsc::Receiver<Job>, counters: &Counters) {
+/// When the last forward ended, while nothing but steps ran since: the
+/// next forward's start then measures a step's non-forward time.
+type LastForward = Option<Instant>;
+
+fn run(
+    model: &Model,
+    config: BatcherConfig,
+    mut goodput: Goodput,
+    rx: &mpsc::Receiver<Job>,
+    counters: &Counters,
+) {
+    let mut last_forward: LastForward = None;
     let mut steps: Vec<StepJob> = Vec::new();
     let mut prefills: VecDeque<PrefillJob> = VecDeque::new();
     let take = |job: Job, steps: &mut Vec<StepJob>, prefills: &mut VecDeque<PrefillJob>| match job {
@@ -163,19 +195,28 @@ fn run(model: &Model, config: BatcherConfig, rx: &mpsc::Receiver<Job>, counters:
             session,
             tree,
             top_k,
+            planning,
             span,
             reply,
         } => steps.push(StepJob {
             session,
             tree,
             top_k,
+            planning,
             span,
             reply,
+            queued: Instant::now(),
+            grant: None,
         }),
     };
     loop {
         // Block only when there is nothing to do.
         if steps.is_empty() && prefills.is_empty() {
+            // Waiting for a decoding session's next tree is part of its
+            // step; waiting with none decoding is idle time.
+            if counters.decoding.load(Ordering::Relaxed) == 0 {
+                last_forward = None;
+            }
             match rx.recv() {
                 Ok(job) => take(job, &mut steps, &mut prefills),
                 Err(_) => return,
@@ -210,7 +251,7 @@ fn run(model: &Model, config: BatcherConfig, rx: &mpsc::Receiver<Job>, counters:
         while !steps.is_empty() {
             let n = steps.len().min(config.max_batch);
             let batch: Vec<StepJob> = steps.drain(..n).collect();
-            run_batch(model, batch, counters);
+            run_batch(model, batch, &mut goodput, &mut last_forward, counters);
         }
         // Then one chunk of the oldest prefill, so running sessions wait
         // at most a chunk for their next step, however long a new prompt.
@@ -229,6 +270,9 @@ fn run(model: &Model, config: BatcherConfig, rx: &mpsc::Receiver<Job>, counters:
                     tracing::info_span!("prefill_chunk", from = job.session.prefilled()).entered();
                 let before = job.session.prefilled();
                 let chunked = job.session.prefill_chunk(model, chunk);
+                // A chunk ran between two forwards: that gap is not a
+                // step's.
+                last_forward = None;
                 let done = job.session.prefilled().saturating_sub(before);
                 counters.metrics.prefill_tokens.inc_by(done as u64);
                 match chunked {
@@ -248,39 +292,140 @@ fn run(model: &Model, config: BatcherConfig, rx: &mpsc::Receiver<Job>, counters:
     }
 }
 
-fn run_batch(model: &Model, mut batch: Vec<StepJob>, counters: &Counters) {
+/// Plans, verifies and answers one batch of steps.
+fn run_batch(
+    model: &Model,
+    mut batch: Vec<StepJob>,
+    goodput: &mut Goodput,
+    last_forward: &mut LastForward,
+    counters: &Counters,
+) {
+    let m = &counters.metrics;
+    let start = Instant::now();
+    if let Some(end) = last_forward.take() {
+        let gap = start.duration_since(end);
+        if gap < MAX_STEP_GAP {
+            let speculating = batch.iter().filter(|j| j.tree.draft_len() > 0).count();
+            goodput.observe_gap(speculating, gap.as_secs_f64());
+            m.phase(Phase::Gap, gap.as_secs_f64());
+        }
+    }
     let n = batch.len();
-    let top_k = batch.iter().map(|j| j.top_k).max().unwrap_or(0);
-    let span = tracing::info_span!("verify_batch", sessions = n, tokens = tracing::field::Empty);
+    let span = tracing::info_span!(
+        "verify_batch",
+        sessions = n,
+        tokens = tracing::field::Empty,
+        proposed = tracing::field::Empty,
+        granted = tracing::field::Empty,
+        expected_accepted = tracing::field::Empty,
+        predicted_ms = tracing::field::Empty,
+        forward_ms = tracing::field::Empty,
+        verify_ms = tracing::field::Empty,
+        commit_ms = tracing::field::Empty,
+    );
     let _e = span.enter();
-    let tokens: usize = batch.iter().map(|j| j.tree.len()).sum();
-    span.record("tokens", tokens);
     for job in &batch {
         span.follows_from(&job.span);
+        m.phase(
+            Phase::Queue,
+            start.saturating_duration_since(job.queued).as_secs_f64(),
+        );
     }
+    let mut trees: Vec<TokenTree> = batch
+        .iter_mut()
+        .map(|j| {
+            let stand_in = placeholder(&j.tree);
+            std::mem::replace(&mut j.tree, stand_in)
+        })
+        .collect();
+    let plan = {
+        let sessions: Vec<&SessionPlanning> = batch.iter().map(|j| &j.planning).collect();
+        goodput.plan(&mut trees, &sessions)
+    };
+    m.phase(Phase::Plan, start.elapsed().as_secs_f64());
+    span.record("tokens", plan.tokens);
+    span.record("proposed", plan.proposed);
+    span.record("granted", plan.granted);
+    span.record("expected_accepted", plan.expected);
+    span.record("predicted_ms", plan.predicted_seconds * 1e3);
+    m.forward_tokens.observe(plan.tokens as f64);
+    m.nodes_proposed.inc_by(plan.proposed as u64);
+    m.nodes_granted.inc_by(plan.granted as u64);
+    m.expected_accepted.inc_by(plan.expected.max(0.0));
+    for ((job, tree), grant) in batch.iter_mut().zip(trees).zip(plan.grants) {
+        job.tree = tree;
+        job.grant = Some(grant);
+    }
+    verify(model, batch, goodput, last_forward, counters, &span);
+}
+
+/// A root-only stand-in while a job's tree is being planned.
+fn placeholder(tree: &TokenTree) -> TokenTree {
+    TokenTree::root_only(tree.root_token(), tree.limits()).unwrap_or_else(|_| tree.clone())
+}
+
+/// Verifies a planned batch in one forward and answers every session.
+fn verify(
+    model: &Model,
+    mut batch: Vec<StepJob>,
+    goodput: &mut Goodput,
+    last_forward: &mut LastForward,
+    counters: &Counters,
+    span: &tracing::Span,
+) {
+    let m = &counters.metrics;
+    let n = batch.len();
+    let top_k = batch.iter().map(|j| j.top_k).max().unwrap_or(0);
+    let tokens: usize = batch.iter().map(|j| j.tree.len()).sum();
     let result = {
         let mut items: Vec<(&mut Session, &TokenTree)> = batch
             .iter_mut()
             .map(|j| (j.session.as_mut(), &j.tree))
             .collect();
-        let t0 = Instant::now();
-        let result = step_batch(model, &mut items, top_k);
-        counters
-            .metrics
-            .step_seconds
-            .observe(t0.elapsed().as_secs_f64());
-        result
+        step_batch_timed(model, &mut items, top_k)
     };
-    counters.metrics.batch_size.observe(n as f64);
-    counters.batches.fetch_add(1, Ordering::Relaxed);
-    counters.steps.fetch_add(n as u64, Ordering::Relaxed);
     match result {
-        Ok(outcomes) => {
-            for (job, step) in batch.into_iter().zip(outcomes) {
-                let _ = job.reply.send(StepDone {
-                    session: job.session,
+        Ok((outcomes, times)) => {
+            *last_forward = Some(Instant::now());
+            goodput.observe_forward(tokens, times.forward);
+            m.step_seconds.observe(times.forward);
+            m.phase(Phase::Forward, times.forward);
+            m.phase(Phase::Verify, times.verify);
+            m.phase(Phase::Commit, times.commit);
+            span.record("forward_ms", times.forward * 1e3);
+            span.record("verify_ms", times.verify * 1e3);
+            span.record("commit_ms", times.commit * 1e3);
+            m.batch_size.observe(n as f64);
+            counters.batches.fetch_add(1, Ordering::Relaxed);
+            counters.steps.fetch_add(n as u64, Ordering::Relaxed);
+            let planned = goodput.enabled();
+            for (job, mut step) in batch.into_iter().zip(outcomes) {
+                let StepJob {
+                    session,
+                    tree,
+                    mut planning,
+                    reply,
+                    grant,
+                    ..
+                } = job;
+                let grant = grant.unwrap_or(Granted {
+                    offered: tree.draft_len(),
+                    expected: 0.0,
+                    kept: None,
+                });
+                m.accepted.inc_by(step.accepted as u64);
+                goodput.learn(&mut planning, &tree, &step.verification.path, &grant);
+                // The drafter reads the path against the tree it sent.
+                for node in &mut step.verification.path {
+                    *node = grant.original(*node);
+                }
+                let _ = reply.send(StepDone {
+                    session,
                     result: Ok(step),
                     batch_size: n,
+                    node_budget: planned.then(|| planning.node_budget() as u32),
+                    planning,
+                    granted: grant.granted_wire(),
                 });
             }
         }
@@ -288,7 +433,7 @@ fn run_batch(model: &Model, mut batch: Vec<StepJob>, counters: &Counters) {
         // it was: verify them one by one so only the bad one fails.
         Err(_) if n > 1 => {
             for job in batch {
-                run_batch(model, vec![job], counters);
+                verify(model, vec![job], goodput, last_forward, counters, span);
             }
         }
         Err(e) => {
@@ -298,6 +443,9 @@ fn run_batch(model: &Model, mut batch: Vec<StepJob>, counters: &Counters) {
                 session: job.session,
                 result: Err(VerifierError::Model(e.to_string())),
                 batch_size: 1,
+                planning: job.planning,
+                granted: None,
+                node_budget: None,
             });
         }
     }

@@ -81,6 +81,17 @@ pub struct Args {
     /// Target top-k sent to drafters per accepted node (token recycling).
     #[arg(long, default_value_t = 8)]
     pub recycle_top_k: usize,
+    /// Plan each batched forward for goodput: verify, across the batch's
+    /// sessions, the drafted nodes whose expected acceptance pays for
+    /// their share of the forward, and tell each drafter the budget it can
+    /// expect (`false`: verify every tree whole, and drafters price their
+    /// trees for the batch by themselves).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub goodput_planner: bool,
+    /// Tokens in one batched verify forward, at most (roots always fit):
+    /// the planner's cap on granted nodes.
+    #[arg(long, default_value_t = 512)]
+    pub max_forward_tokens: usize,
     /// Sessions whose KV is kept for a next turn, at most.
     #[arg(long, default_value_t = 256)]
     pub max_cached_sessions: usize,
@@ -113,6 +124,8 @@ pub struct Config {
     pub drafter_connect_timeout: Duration,
     pub cost_curve: Option<Vec<(usize, f64)>>,
     pub recycle_top_k: usize,
+    pub goodput_planner: bool,
+    pub max_forward_tokens: usize,
     pub max_cached_sessions: usize,
     pub max_sessions: usize,
     pub shutdown_grace: Duration,
@@ -143,6 +156,7 @@ impl TryFrom<Args> for Config {
             tokio::sync::Semaphore::MAX_PERMITS,
         )?;
         in_range("recycle-top-k", a.recycle_top_k, 0, 64)?;
+        in_range("max-forward-tokens", a.max_forward_tokens, 1, 1 << 16)?;
         in_range(
             "resolve-interval-ms",
             a.resolve_interval_ms as usize,
@@ -176,6 +190,8 @@ impl TryFrom<Args> for Config {
             drafter_connect_timeout: Duration::from_millis(a.drafter_connect_timeout_ms),
             cost_curve,
             recycle_top_k: a.recycle_top_k,
+            goodput_planner: a.goodput_planner,
+            max_forward_tokens: a.max_forward_tokens,
             max_cached_sessions: a.max_cached_sessions,
             max_sessions: a.max_sessions,
             shutdown_grace: Duration::from_secs(a.server.shutdown_grace_secs),

@@ -17,6 +17,7 @@ pub mod config;
 mod draft_link;
 mod drafters;
 mod error;
+mod goodput;
 mod memory;
 mod metrics;
 mod reattach;
@@ -96,6 +97,16 @@ pub async fn run(
         }
     };
     tracing::info!(step_seconds, "measured the plain step");
+    // The planner's step-time model starts from the measured curve and
+    // learns from every forward after.
+    let step_model = specmesh_planner::StepModel::from_curve(step_seconds, &cost_curve)
+        .context("the verify cost curve as the goodput planner's prior")?;
+    if config.goodput_planner {
+        tracing::info!(
+            max_forward_tokens = config.max_forward_tokens,
+            "goodput planner on: each batched forward verifies the drafted nodes that pay"
+        );
+    }
     let batcher = Batcher::start(
         Arc::clone(&model),
         BatcherConfig {
@@ -103,6 +114,11 @@ pub async fn run(
             window: config.batch_window,
             prefill_chunk: config.prefill_chunk_tokens,
         },
+        goodput::Goodput::new(
+            config.goodput_planner,
+            config.max_forward_tokens,
+            step_model,
+        ),
     );
     let max_context = model.config().max_context;
     let drafters = Arc::new(Drafters::new(config.drafters.clone()));

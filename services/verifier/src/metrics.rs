@@ -8,7 +8,9 @@ use std::sync::atomic::Ordering;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry};
+use prometheus::{
+    Counter, Histogram, HistogramOpts, HistogramVec, IntCounter, IntGauge, Opts, Registry,
+};
 use specmesh_server::metrics::{catch_up, register};
 
 use crate::state::State;
@@ -22,6 +24,62 @@ pub struct BatchMetrics {
     pub step_seconds: Histogram,
     /// Context tokens prefilled (reused ones not counted).
     pub prefill_tokens: IntCounter,
+    /// Where a verify step's time goes, by phase (see [`Phase`]).
+    pub phases: HistogramVec,
+    /// Tokens in one batched verify forward (roots and granted nodes).
+    pub forward_tokens: Histogram,
+    /// Drafted nodes proposed by drafters and granted by the planner.
+    pub nodes_proposed: IntCounter,
+    pub nodes_granted: IntCounter,
+    /// Accepted drafted tokens the planner expected, and those accepted.
+    pub expected_accepted: Counter,
+    pub accepted: IntCounter,
+}
+
+/// The phases of a verify step, as `specmesh_verify_phase_seconds` labels
+/// them. Per session step: `tree_wait` (for the drafter's tree),
+/// `validate` (checking and fitting it), `queue` (in the batcher before its
+/// forward), `report` (streaming the commit and the outcome). Per batched
+/// forward: `plan` (the goodput planner), `forward`, `verify` (sampling
+/// and acceptance), `commit` (KV bookkeeping and stop rules), and `gap`:
+/// between one forward's end and the next one's start while sessions
+/// decode, the whole of a step that is not its forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    TreeWait,
+    Validate,
+    Queue,
+    Report,
+    Plan,
+    Forward,
+    Verify,
+    Commit,
+    Gap,
+}
+
+impl Phase {
+    pub fn label(self) -> &'static str {
+        match self {
+            Phase::TreeWait => "tree_wait",
+            Phase::Validate => "validate",
+            Phase::Queue => "queue",
+            Phase::Report => "report",
+            Phase::Plan => "plan",
+            Phase::Forward => "forward",
+            Phase::Verify => "verify",
+            Phase::Commit => "commit",
+            Phase::Gap => "gap",
+        }
+    }
+}
+
+impl BatchMetrics {
+    /// Records `seconds` spent in `phase`.
+    pub fn phase(&self, phase: Phase, seconds: f64) {
+        self.phases
+            .with_label_values(&[phase.label()])
+            .observe(seconds);
+    }
 }
 
 impl BatchMetrics {
@@ -44,6 +102,44 @@ impl BatchMetrics {
                 "Context tokens prefilled (tokens reused from a kept cache are not).",
             )
             .expect("valid counter"),
+            phases: HistogramVec::new(
+                HistogramOpts::new(
+                    "specmesh_verify_phase_seconds",
+                    "Seconds of each phase of a verify step: per session step tree_wait, validate, \
+                     queue, report; per batched forward plan, forward, verify, commit, gap.",
+                )
+                .buckets(prometheus::exponential_buckets(1e-5, 2.5, 14).expect("valid buckets")),
+                &["phase"],
+            )
+            .expect("valid histogram"),
+            forward_tokens: Histogram::with_opts(
+                HistogramOpts::new(
+                    "specmesh_verify_forward_tokens",
+                    "Tokens in one batched verify forward: every session's root and granted nodes.",
+                )
+                .buckets(prometheus::exponential_buckets(1.0, 2.0, 11).expect("valid buckets")),
+            )
+            .expect("valid histogram"),
+            nodes_proposed: IntCounter::new(
+                "specmesh_planner_nodes_proposed_total",
+                "Drafted nodes drafters proposed to the goodput planner.",
+            )
+            .expect("valid counter"),
+            nodes_granted: IntCounter::new(
+                "specmesh_planner_nodes_granted_total",
+                "Drafted nodes the goodput planner granted (verified).",
+            )
+            .expect("valid counter"),
+            expected_accepted: Counter::new(
+                "specmesh_planner_expected_accepted_total",
+                "Drafted tokens the planner expected the target to accept, from its calibrated estimates.",
+            )
+            .expect("valid counter"),
+            accepted: IntCounter::new(
+                "specmesh_planner_accepted_total",
+                "Drafted tokens the target accepted of the nodes granted.",
+            )
+            .expect("valid counter"),
         }
     }
 
@@ -51,6 +147,12 @@ impl BatchMetrics {
         register(registry, self.batch_size.clone());
         register(registry, self.step_seconds.clone());
         register(registry, self.prefill_tokens.clone());
+        register(registry, self.phases.clone());
+        register(registry, self.forward_tokens.clone());
+        register(registry, self.nodes_proposed.clone());
+        register(registry, self.nodes_granted.clone());
+        register(registry, self.expected_accepted.clone());
+        register(registry, self.accepted.clone());
     }
 }
 

@@ -20,6 +20,10 @@ pub struct Report {
     top_k: Vec<v1::TopTokens>,
     /// Microseconds its steps waited for the drafter's tree.
     wait_us: u64,
+    /// The verified nodes, when the planner verified part of the tree.
+    granted: Option<Vec<u32>>,
+    /// The planner's forecast for the next tree.
+    node_budget: Option<u32>,
 }
 
 impl Report {
@@ -34,6 +38,8 @@ impl Report {
             committed: Vec::new(),
             top_k: Vec::new(),
             wait_us: 0,
+            granted: None,
+            node_budget: None,
         }
     }
 
@@ -42,15 +48,26 @@ impl Report {
         self.wait_us += u64::from(us);
     }
 
-    /// Adds the next step's verification.
-    pub fn add(&mut self, step: &Step) {
+    /// Adds the next step's verification: `offered` drafted nodes were
+    /// proposed for it, of which the planner verified `granted` (`None`:
+    /// all); `node_budget` is its forecast for the next tree.
+    pub fn add(
+        &mut self,
+        step: &Step,
+        offered: usize,
+        granted: Option<Vec<u32>>,
+        node_budget: Option<u32>,
+    ) {
         let v = &step.verification;
-        // Only a tree with nodes has a path to report, and such a tree
-        // stands for its step alone.
-        if step.drafted > 0 {
+        // Only a tree with nodes has a path to report (in the drafter's
+        // indices, even where the planner verified part of it), and such
+        // a tree stands for its step alone.
+        if offered > 0 {
             debug_assert_eq!(self.first, self.last);
             self.path = v.path.iter().map(|&n| n as u32).collect();
+            self.granted = granted;
         }
+        self.node_budget = node_budget;
         self.committed.extend_from_slice(&v.accepted);
         self.committed.push(v.bonus);
         self.top_k.extend(v.top_k.iter().map(|row| v1::TopTokens {
@@ -75,6 +92,9 @@ impl Report {
             batch_size: batch_size as u32,
             span: (self.last - self.first + 1) as u32,
             tree_wait_us: self.wait_us,
+            node_budget: self.node_budget,
+            pruned: self.granted.is_some(),
+            granted: self.granted.unwrap_or_default(),
         }
     }
 }

@@ -14,10 +14,12 @@ use tracing::Instrument;
 
 use crate::draft_link::DraftLink;
 use crate::error::VerifierError;
+use crate::goodput::SessionPlanning;
 use crate::memory::Reservation;
+use crate::metrics::Phase;
 use crate::reattach::Reattach;
 use crate::state::{Gauge, State};
-use crate::step::{Steps, TreeBounds};
+use crate::step::{StepGrant, Steps, TreeBounds};
 use crate::validate::{DraftPlan, ValidRun};
 
 pub type Events = mpsc::Sender<Result<v1::SessionEvent, Status>>;
@@ -123,6 +125,11 @@ async fn drive_inner(
 
     let _decoding = Gauge::up(&v.decoding);
     let mut steps = Steps::new(run.epoch, bounds, link.is_some());
+    let mut planning = SessionPlanning::new(
+        run.draft.as_ref().map(|d| d.sources).unwrap_or_default(),
+        bounds.max_draft,
+    );
+    let phases = &v.batcher.counters().metrics;
     // Without a drafter (never reached, or lost) the session decodes plain
     // and re-attaches to one at a step boundary.
     let mut reattach = run.draft.as_ref().map(Reattach::new);
@@ -142,40 +149,48 @@ async fn drive_inner(
         };
         if answer.is_some() {
             steps.waited(asked.elapsed());
+            phases.phase(Phase::TreeWait, asked.elapsed().as_secs_f64());
         }
+        let validating = std::time::Instant::now();
         let planned = steps.plan(answer, session.root(), session.room(&v.model))?;
+        phases.phase(Phase::Validate, validating.elapsed().as_secs_f64());
         if let Some(why) = &planned.dropped {
             tracing::warn!(reason = %why, "dropping the drafter: going on without speculation");
         }
         if !steps.drafting() {
             link = None;
         }
-        let drafted = planned.tree.draft_len();
+        let offered = planned.tree.draft_len();
         let span = tracing::info_span!(
             "verify_step",
             step = steps.step(),
-            drafted,
+            offered,
+            drafted = tracing::field::Empty,
             accepted = tracing::field::Empty,
             committed = tracing::field::Empty,
             batch_size = tracing::field::Empty,
         );
         let done = v
             .batcher
-            .step(session, planned.tree, planned.top_k)
+            .step(session, planned.tree, planned.top_k, planning)
             .instrument(span.clone())
             .await?;
         session = done.session;
+        planning = done.planning;
         let step = done.result?;
+        span.record("drafted", step.drafted);
         span.record("accepted", step.accepted);
         span.record("committed", step.committed.len());
         span.record("batch_size", done.batch_size);
-        let verified = steps.verified(&step, drafted, done.batch_size);
-        let event = v1::SessionEvent {
-            event: Some(v1::session_event::Event::Committed(verified.committed)),
+        let grant = StepGrant {
+            offered,
+            granted: done.granted,
+            node_budget: done.node_budget,
         };
-        if send(events, event).await.is_err() || verified.finished {
-            return Ok(session);
-        }
+        let verified = steps.verified(&step, grant, done.batch_size);
+        let reporting = std::time::Instant::now();
+        // The drafter first: its next tree is on this session's critical
+        // path, the gateway's stream is not.
         if let (Some(l), Some(outcome)) = (link.as_mut(), verified.outcome)
             && let Err(e) = l.outcome(outcome).await
         {
@@ -183,6 +198,13 @@ async fn drive_inner(
             steps.drafter_lost();
             link = None;
         }
+        let event = v1::SessionEvent {
+            event: Some(v1::session_event::Event::Committed(verified.committed)),
+        };
+        if send(events, event).await.is_err() || verified.finished {
+            return Ok(session);
+        }
+        phases.phase(Phase::Report, reporting.elapsed().as_secs_f64());
     }
 }
 

@@ -54,6 +54,17 @@ pub struct Verified {
     pub finished: bool,
 }
 
+/// What the goodput planner made of a step's tree.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepGrant {
+    /// Drafted nodes the drafter proposed.
+    pub offered: usize,
+    /// The verified ones (drafter's indices, ascending) when not all were.
+    pub granted: Option<Vec<u32>>,
+    /// The planner's forecast for the next tree; `None` with it off.
+    pub node_budget: Option<u32>,
+}
+
 /// Bounds of a session's trees.
 #[derive(Debug, Clone, Copy)]
 pub struct TreeBounds {
@@ -231,14 +242,15 @@ impl Steps {
         Ok((tree, self.step))
     }
 
-    /// Records the verification of the planned tree (`drafted` nodes, in a
+    /// Records the verification of the planned tree (`grant.offered`
+    /// drafted nodes, of which the planner verified `step.drafted`, in a
     /// forward of `batch_size` sessions) and moves to the next step.
-    pub fn verified(&mut self, step: &Step, drafted: usize, batch_size: usize) -> Verified {
+    pub fn verified(&mut self, step: &Step, grant: StepGrant, batch_size: usize) -> Verified {
         let finished = step.finish.is_some();
         let committed = v1::Committed {
             step: self.step,
             tokens: step.committed.clone(),
-            drafted: drafted as u32,
+            drafted: step.drafted as u32,
             accepted: step.accepted as u32,
             finished,
             eos: step.finish == Some(Finish::Eos),
@@ -247,7 +259,7 @@ impl Steps {
         };
         let mut outcome = None;
         if !finished && let Some(r) = self.report.as_mut() {
-            r.add(step);
+            r.add(step, grant.offered, grant.granted, grant.node_budget);
             if r.is_complete() {
                 let r = self.report.take().expect("just added to");
                 outcome = Some(r.into_outcome(batch_size));

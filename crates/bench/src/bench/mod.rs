@@ -15,7 +15,6 @@ mod peer;
 mod plot;
 mod report;
 mod sweep;
-mod table;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -289,6 +288,7 @@ pub fn run(args: Args) -> Result<()> {
                     drafter_threads: args.drafter_threads,
                     draft_ahead: args.draft_ahead,
                     metrics: false,
+                    http: false,
                     timeout: Duration::from_secs(600),
                 })
                 .await?,

@@ -1,18 +1,14 @@
 //! One SVG with three panels: speedup per category, τ per category, and
-//! aggregate tok/s against concurrency. SVG needs no fonts on the machine,
-//! which keeps the bench runnable on a bare server.
+//! aggregate tok/s against concurrency.
 
 use std::path::Path;
 
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 use plotters::prelude::*;
 
 use super::Config;
 use super::report::Summary;
-
-const OFF: RGBColor = RGBColor(120, 120, 120);
-const AUTO: RGBColor = RGBColor(31, 119, 180);
-const PEER: RGBColor = RGBColor(214, 39, 40);
+use crate::svg::{AUTO, Area, Axes, OFF, PEER, err, legend, line, line_chart, y_max};
 
 pub fn write(path: &Path, summary: &Summary) -> Result<()> {
     let root = SVGBackend::new(path, (1400, 1100)).into_drawing_area();
@@ -67,12 +63,6 @@ pub fn write(path: &Path, summary: &Summary) -> Result<()> {
     root.present().map_err(err)?;
     Ok(())
 }
-
-fn err(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow!("plotting: {e}")
-}
-
-type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
 fn bar_panel(
     area: &Area,
@@ -130,14 +120,7 @@ fn bar_panel(
             ))
             .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(err)?;
-    Ok(())
+    legend(&mut chart)
 }
 
 fn concurrency_panel(area: &Area, summary: &Summary) -> Result<()> {
@@ -157,42 +140,20 @@ fn concurrency_panel(area: &Area, summary: &Summary) -> Result<()> {
         .filter_map(|c| c.tok_s.get(&Config::PeerPlain).map(|&t| (1.0, t)))
         .collect();
     let max_n = off.iter().map(|p| p.0).fold(1.0, f64::max);
-    let max_t = off
-        .iter()
-        .chain(&auto)
-        .chain(&peer)
-        .map(|p| p.1)
-        .fold(1.0, f64::max)
-        * 1.15;
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            "Aggregate tok/s against concurrency (greedy)",
-            ("sans-serif", 20),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..max_n.max(2.0) * 1.08, 0f64..max_t)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .light_line_style(WHITE)
-        .x_labels(12)
-        .x_label_formatter(&|x| format!("{x:.0}"))
-        .x_desc("concurrent requests")
-        .y_desc("tok/s")
-        .draw()
-        .map_err(err)?;
-    for (name, color, pts) in [("off", OFF, off), ("auto", AUTO, auto)] {
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(err)?
-            .label(format!("specmesh {name}"))
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
-        chart
-            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))
-            .map_err(err)?;
-    }
+    let mut chart = line_chart(
+        area,
+        &Axes {
+            title: "Aggregate tok/s against concurrency (greedy)",
+            x_desc: "concurrent requests",
+            y_desc: "tok/s",
+            x: 0.0..max_n.max(2.0) * 1.08,
+            y_max: y_max([off.as_slice(), auto.as_slice(), peer.as_slice()], 1.0),
+            x_labels: 12,
+            x_format: &|x| format!("{x:.0}"),
+        },
+    )?;
+    line(&mut chart, "specmesh off", OFF, &off)?;
+    line(&mut chart, "specmesh auto", AUTO, &auto)?;
     if !peer.is_empty() {
         chart
             .draw_series(
@@ -203,12 +164,5 @@ fn concurrency_panel(area: &Area, summary: &Summary) -> Result<()> {
             .label("llama.cpp plain (concurrency 1)")
             .legend(|(x, y)| TriangleMarker::new((x + 8, y), 6, PEER.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(err)?;
-    Ok(())
+    legend(&mut chart)
 }

@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::sweep::Wave;
-use super::table::Table;
 use super::{Config, Run};
+use crate::percentile::percentile;
+use crate::table::Table;
 
 #[derive(Default, Clone, Copy)]
 struct Sum {
@@ -95,14 +96,6 @@ pub struct Summary {
     pub categories: Vec<CategoryRow>,
     pub configs: Vec<ConfigRow>,
     pub levels: Vec<LevelRow>,
-}
-
-pub fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 pub fn summarize(runs: &[Run], configs: &[Config], waves: &[Wave]) -> Summary {

@@ -1,14 +1,13 @@
 //! `specmesh generate --gateway URL`: a client of the public API.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
+pub use specmesh_bench::grpc::Connection;
+use specmesh_bench::grpc::status;
 use specmesh_proto::v1;
-use specmesh_proto::v1::generation_client::GenerationClient;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
 /// What the user asked for, as the request to send.
 pub struct Ask {
@@ -39,52 +38,6 @@ struct Output {
     seconds: f64,
 }
 
-/// Where the gateway is and how to reach it.
-pub struct Connection {
-    pub url: String,
-    pub api_key: Option<String>,
-    /// TLS, trusting this CA.
-    pub tls_ca: Option<PathBuf>,
-    pub tls_name: Option<String>,
-}
-
-impl Connection {
-    async fn channel(&self) -> Result<Channel> {
-        let url = &self.url;
-        let Some(ca) = &self.tls_ca else {
-            return Channel::from_shared(url.clone())
-                .with_context(|| format!("`{url}` is not a URL"))?
-                .connect()
-                .await
-                .with_context(|| format!("connecting to the gateway at {url}"));
-        };
-        let pem = std::fs::read(ca).with_context(|| format!("reading `{}`", ca.display()))?;
-        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem));
-        if let Some(name) = &self.tls_name {
-            tls = tls.domain_name(name.clone());
-        }
-        Channel::from_shared(url.replacen("http://", "https://", 1))
-            .with_context(|| format!("`{url}` is not a URL"))?
-            .tls_config(tls)
-            .context("the TLS configuration")?
-            .connect()
-            .await
-            .with_context(|| format!("connecting to the gateway at {url} over TLS"))
-    }
-
-    /// `request` with the API key, if any.
-    fn request<T>(&self, message: T) -> Result<tonic::Request<T>> {
-        let mut request = tonic::Request::new(message);
-        if let Some(key) = &self.api_key {
-            let value = format!("Bearer {key}")
-                .parse()
-                .context("the API key holds characters metadata cannot carry")?;
-            request.metadata_mut().insert("authorization", value);
-        }
-        Ok(request)
-    }
-}
-
 pub fn run(connection: &Connection, ask: Ask) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -93,8 +46,7 @@ pub fn run(connection: &Connection, ask: Ask) -> Result<()> {
 }
 
 async fn generate(connection: &Connection, ask: Ask) -> Result<()> {
-    let mut client =
-        GenerationClient::new(connection.channel().await?).max_decoding_message_size(64 << 20);
+    let mut client = connection.client().await?;
     let input = if ask.chat {
         v1::generate_request::Input::Chat(v1::Chat {
             messages: vec![v1::ChatMessage {
@@ -192,8 +144,4 @@ async fn generate(connection: &Connection, ask: Ask) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn status(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("the gateway answered {:?}: {}", s.code(), s.message())
 }

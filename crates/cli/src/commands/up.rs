@@ -64,6 +64,7 @@ pub fn run(args: Args) -> Result<()> {
             drafter_threads: args.drafter_threads,
             draft_ahead: args.draft_ahead,
             metrics: true,
+            http: false,
             timeout: Duration::from_secs(args.start_timeout_secs),
         })
         .await?;

@@ -180,6 +180,13 @@ impl Arms {
     /// The arm for the next step when the verifier batches `batch`
     /// sessions, and its decision for a run of at most `max_steps` steps
     /// (see [`SpecPolicy::decide_run`]).
+    /// See [`SpecPolicy::set_grant_cap`]; for every arm.
+    pub fn set_grant_cap(&mut self, cap: Option<usize>) {
+        for (_, p) in &mut self.arms {
+            p.set_grant_cap(cap);
+        }
+    }
+
     pub fn decide_run(&mut self, batch: usize, max_steps: usize) -> (Arm, Decision, usize) {
         let i = self.choose(batch);
         for (j, idle) in self.idle.iter_mut().enumerate() {

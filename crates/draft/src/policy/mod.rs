@@ -207,6 +207,9 @@ pub struct SpecPolicy {
     /// What drafting one tree level costs, in plain steps.
     level_cost: f64,
     off_streak: u32,
+    /// Drafted nodes the verifier expects to grant (its goodput planner's
+    /// forecast): no budget above it is chosen. `usize::MAX`: no cap.
+    grant_cap: usize,
 }
 
 /// Candidate drafted-node counts (root excluded); the cost curve is
@@ -238,6 +241,7 @@ impl SpecPolicy {
             timing: StepTiming::default(),
             level_cost: 0.0,
             off_streak: 0,
+            grant_cap: usize::MAX,
         })
     }
 
@@ -299,6 +303,13 @@ impl SpecPolicy {
         self.curve.step_cost(drafted, batch)
             + self.timing.overhead()
             + self.level_cost * depth as f64
+    }
+
+    /// Caps the budgets chosen at `cap` drafted nodes (`None`: no cap):
+    /// the verifier's forecast of what it will grant. A cap of 0 leaves
+    /// speculation off but for the probes, which keep measuring.
+    pub fn set_grant_cap(&mut self, cap: Option<usize>) {
+        self.grant_cap = cap.unwrap_or(usize::MAX);
     }
 
     /// See [`AcceptanceStats::observe_feedback`].
@@ -390,7 +401,7 @@ impl SpecPolicy {
     /// The argmax budget for `batch`, without exploration and without
     /// changing any state.
     pub fn best(&self, batch: usize) -> Decision {
-        let max_drafted = self.config.max_nodes - 1;
+        let max_drafted = (self.config.max_nodes - 1).min(self.grant_cap);
         let max_depth = self.config.max_depth;
         let rates = self.stats.rates(max_depth);
         let shape = Shape::grow(&rates, max_drafted, max_depth, self.config.width_gain);

@@ -114,10 +114,18 @@ impl DraftSession {
     ) -> Result<(Reported, usize), SessionError> {
         let o = Outcome::from_wire(wire, tree, self.vocab)?;
         self.check_room(o.committed.len())?;
+        self.node_budget = o.node_budget;
+        // When the verifier verified only part of the tree, that part is
+        // what the target judged: nodes left out were neither accepted nor
+        // rejected, so learning reads the pruned tree and its path.
+        let (tree, path) = match &o.pruned {
+            Some(p) => (&p.tree, p.path.as_slice()),
+            None => (tree, o.path.as_slice()),
+        };
         // An empty path over our root-only tree is that tree's outcome (the
         // verifier sends no path when nothing was drafted): the root's
         // top-k still teaches token recycling.
-        let ours: Option<&[usize]> = match o.path.as_slice() {
+        let ours: Option<&[usize]> = match path {
             [] if tree.len() == 1 && o.committed.len() == 1 => Some(&[0]),
             [] => None,
             path => Some(path),
@@ -163,6 +171,7 @@ impl DraftSession {
     ) -> Result<(Reported, usize), SessionError> {
         let o = SpanOutcome::from_wire(wire, steps, self.vocab)?;
         self.check_room(o.committed.len())?;
+        self.node_budget = o.node_budget;
         let limits = Budget::OFF.limits(self.vocab);
         for (i, &token) in o.committed.iter().enumerate() {
             let root = *self.context.last().expect("the context only grows");

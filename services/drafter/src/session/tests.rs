@@ -446,6 +446,7 @@ mod arbitrary_outcomes {
                         .collect(),
                     batch_size,
                     tree_wait_us: 0,
+                    ..Default::default()
                 }
             })
     }
@@ -519,6 +520,87 @@ fn the_first_tree_is_sized_for_the_verifiers_load_at_start() {
     let mut s = start(64);
     assert_eq!(s.first_batch(), 64);
     assert!(s.plan_first().budget.is_off());
+}
+
+#[test]
+fn the_verifiers_node_budget_caps_the_next_tree_and_prices_it_alone() {
+    // In a batch of 64 the session would draft nothing by itself; with a
+    // budget the verifier prices the batch, and the session proposes up to
+    // the budget.
+    let mut s = session(repetitive(), 8, 1000);
+    let tree = first_tree(&mut s);
+    let a = tree.nodes[0].token;
+    let mut o = outcome(0, vec![0, 1], vec![a, 1]);
+    o.batch_size = 64;
+    o.node_budget = Some(2);
+    let Applied::Next { batch, .. } = s.apply(o).unwrap() else {
+        panic!("a next tree is due");
+    };
+    let plan = s.next_plan(batch);
+    assert!(!plan.budget.is_off(), "the budget is the verifier's to cut");
+    assert!(plan.budget.drafted() <= 2, "{:?}", plan.budget);
+    let tree = s.draft(plan).unwrap().tree;
+    assert!(!tree.nodes.is_empty() && tree.nodes.len() <= 2);
+    // A zero budget: nothing drafted (but probes).
+    let mut o = outcome(1, vec![0], vec![2]);
+    o.node_budget = Some(0);
+    o.pruned = true;
+    let Applied::Next { batch, .. } = s.apply(o).unwrap() else {
+        panic!("a next tree is due");
+    };
+    assert!(s.next_plan(batch).budget.is_off());
+}
+
+#[test]
+fn nodes_the_verifier_left_out_are_not_learned_as_rejected() {
+    // A flat cost curve: every budget pays, so the first tree is a chain.
+    let flat = || {
+        let start = v1::DraftStart {
+            session_id: "s".into(),
+            epoch: 7,
+            tokens: repetitive(),
+            prompt_len: 3,
+            vocab_size: 100,
+            max_draft_tokens: 8,
+            max_depth: 6,
+            cost_curve: [(1, 1.0), (2, 1.0), (64, 1.01)]
+                .into_iter()
+                .map(|(tokens, relative_cost)| v1::CostPoint {
+                    tokens,
+                    relative_cost,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let spec = crate::validate::start(start, 1000).unwrap();
+        let drafter = DrafterSet::new(0, None).for_spec(&spec).unwrap();
+        DraftSession::new(spec, drafter, 1000, false).unwrap()
+    };
+    let (mut pruned, mut whole) = (flat(), flat());
+    let tree = first_tree(&mut pruned);
+    assert_eq!(first_tree(&mut whole), tree);
+    assert!(
+        tree.nodes.iter().any(|n| n.parent == 1),
+        "a node below the first to cut: {tree:?}"
+    );
+    // The target accepted the first node and not what follows it; in one
+    // session what follows was never verified.
+    let a = tree.nodes[0].token;
+    let mut o = outcome(0, vec![0, 1], vec![a, 99]);
+    o.pruned = true;
+    o.granted = vec![1];
+    pruned.apply(o).unwrap();
+    whole.apply(outcome(0, vec![0, 1], vec![a, 99])).unwrap();
+    let depth_2 = |s: &DraftSession| {
+        let arm = s.arms.arms().next().expect("an arm");
+        s.arms.policy(arm).expect("its policy").stats().rate(2)
+    };
+    assert!(
+        depth_2(&pruned) > depth_2(&whole),
+        "{} vs {}",
+        depth_2(&pruned),
+        depth_2(&whole)
+    );
 }
 
 mod guesses;

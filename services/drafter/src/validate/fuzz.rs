@@ -115,16 +115,27 @@ fn any_outcome() -> impl Strategy<Value = v1::StepOutcome> {
         any::<u32>(),
         prop_oneof![0u32..4, any::<u32>()],
         any::<u64>(),
+        (
+            any::<bool>(),
+            prop::collection::vec(prop_oneof![0u32..6, any::<u32>()], 0..6),
+            prop::option::of(any::<u32>()),
+        ),
     )
         .prop_map(
-            |(step, path, committed, top_k, batch_size, span, tree_wait_us)| v1::StepOutcome {
-                step,
-                path,
-                committed,
-                top_k,
-                batch_size,
-                span,
-                tree_wait_us,
+            |(step, path, committed, top_k, batch_size, span, tree_wait_us, planned)| {
+                let (pruned, granted, node_budget) = planned;
+                v1::StepOutcome {
+                    step,
+                    path,
+                    committed,
+                    top_k,
+                    batch_size,
+                    span,
+                    tree_wait_us,
+                    node_budget,
+                    pruned,
+                    granted,
+                }
             },
         )
 }

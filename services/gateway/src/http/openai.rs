@@ -4,7 +4,9 @@
 //! A parameter we do not implement is refused by name (400) rather than
 //! ignored, unless it is sent with the value that means "off" (`n: 1`,
 //! `logprobs: false`, a zero penalty, no tools): a caller must not believe it
-//! got what it asked for.
+//! got what it asked for. Two extension parameters carry what the gRPC API
+//! has and OpenAI's lacks: `speculation` (the `SpeculationMode`, by name)
+//! and `tenant` (the scope of the drafter's cross-session index).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -80,6 +82,11 @@ pub struct Common {
     pub stream_options: Option<StreamOptions>,
     pub user: Option<String>,
     pub prediction: Option<Prediction>,
+    /// Ours: `"off"`, `"auto"` (the default), `"model-free"`,
+    /// `"draft-model"` or `"combined"`.
+    pub speculation: Option<Value>,
+    /// Ours: the gRPC API's `tenant`.
+    pub tenant: Option<Value>,
     /// Everything else, checked by [`unsupported`].
     #[serde(flatten)]
     pub rest: Map<String, Value>,
@@ -161,6 +168,33 @@ fn text_of(content: &Content, param: &str) -> Result<String, BadRequest> {
     }
 }
 
+/// `speculation`, by the gRPC API's names without the prefix; `None`
+/// when absent (the gRPC default, automatic).
+fn speculation(value: Option<&Value>) -> Result<Option<v1::SpeculationParams>, BadRequest> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let mode = match value.as_str() {
+        Some("auto") => v1::SpeculationMode::Unspecified,
+        Some("off") => v1::SpeculationMode::Off,
+        Some("model-free") => v1::SpeculationMode::ModelFree,
+        Some("draft-model") => v1::SpeculationMode::DraftModel,
+        Some("combined") => v1::SpeculationMode::Combined,
+        _ => {
+            return Err(BadRequest::new(
+                "speculation",
+                format!(
+                    "`speculation` must be \"off\", \"auto\", \"model-free\", \"draft-model\" or \"combined\", got {value}"
+                ),
+            ));
+        }
+    };
+    Ok(Some(v1::SpeculationParams {
+        mode: mode as i32,
+        max_draft_tokens: 0,
+    }))
+}
+
 /// A random sampler seed for sampled requests that name none: OpenAI's
 /// requests without a seed are not reproducible, ours are by default.
 fn fresh_seed() -> u64 {
@@ -216,6 +250,17 @@ impl Common {
                 ));
             }
         };
+        // Its bounds are the gRPC API's, checked there.
+        let tenant = match self.tenant.as_ref().filter(|v| !v.is_null()) {
+            None => String::new(),
+            Some(Value::String(t)) => t.clone(),
+            Some(other) => {
+                return Err(BadRequest::new(
+                    "tenant",
+                    format!("`tenant` must be a string, got {other}"),
+                ));
+            }
+        };
         Ok(v1::GenerateRequest {
             input: Some(input),
             max_new_tokens,
@@ -226,6 +271,8 @@ impl Common {
                 seed,
             }),
             stop,
+            speculation: speculation(self.speculation.as_ref())?,
+            tenant,
             prediction,
             ..Default::default()
         })

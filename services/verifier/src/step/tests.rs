@@ -7,6 +7,13 @@ use specmesh_verify::Verification;
 
 use super::*;
 
+fn grant(offered: usize) -> StepGrant {
+    StepGrant {
+        offered,
+        ..StepGrant::default()
+    }
+}
+
 const BOUNDS: TreeBounds = TreeBounds {
     vocab: 100,
     max_draft: 8,
@@ -58,7 +65,7 @@ fn without_a_drafter_every_step_is_the_root_alone_and_owes_nothing() {
     let p = s.plan(None, 7, 100).unwrap();
     assert_eq!((p.tree.len(), p.top_k), (1, 0));
     assert!(p.dropped.is_none());
-    let v = s.verified(&step(vec![0], vec![], 8, 0), 0, 1);
+    let v = s.verified(&step(vec![0], vec![], 8, 0), grant(0), 1);
     assert_eq!(v.committed.tokens, [8]);
     assert_eq!(v.committed.step, 0);
     assert!(v.outcome.is_none() && !v.finished);
@@ -71,7 +78,7 @@ fn a_drafted_tree_is_verified_and_its_outcome_reports_the_path() {
     assert!(s.wants_tree());
     let p = s.plan(Some(Answer::Tree(wire_tree(7, 0))), 7, 100).unwrap();
     assert_eq!((p.tree.len(), p.tree.draft_len(), p.top_k), (4, 3, 2));
-    let v = s.verified(&step(vec![0, 1, 2], vec![11, 12], 40, 3), 3, 2);
+    let v = s.verified(&step(vec![0, 1, 2], vec![11, 12], 40, 3), grant(3), 2);
     assert_eq!(v.committed.tokens, [11, 12, 40]);
     assert_eq!((v.committed.drafted, v.committed.accepted), (3, 2));
     let o = v.outcome.expect("the outcome is due after its step");
@@ -93,7 +100,7 @@ fn a_span_covers_its_steps_without_asking_and_is_reported_once() {
             assert!(!s.wants_tree(), "step {i} is inside the span");
             s.plan(None, t - 1, 100).unwrap();
         }
-        let v = s.verified(&step(vec![0], vec![], t, 0), 0, 1);
+        let v = s.verified(&step(vec![0], vec![], t, 0), grant(0), 1);
         outcomes.extend(v.outcome);
     }
     assert_eq!(outcomes.len(), 1);
@@ -108,17 +115,17 @@ fn a_span_covers_its_steps_without_asking_and_is_reported_once() {
 fn a_span_that_began_earlier_covers_the_rest_of_itself() {
     let mut s = Steps::new(0, BOUNDS, true);
     s.plan(Some(Answer::Late), 7, 100).unwrap();
-    s.verified(&step(vec![0], vec![], 8, 0), 0, 1);
+    s.verified(&step(vec![0], vec![], 8, 0), grant(0), 1);
     // Sent for step 0 with a span of 3, arriving at step 1: covers 1..=2.
     s.plan(Some(Answer::Tree(nothing(0, 3))), 8, 100).unwrap();
     assert!(
-        s.verified(&step(vec![0], vec![], 9, 0), 0, 1)
+        s.verified(&step(vec![0], vec![], 9, 0), grant(0), 1)
             .outcome
             .is_none()
     );
     s.plan(None, 9, 100).unwrap();
     let o = s
-        .verified(&step(vec![0], vec![], 10, 0), 0, 1)
+        .verified(&step(vec![0], vec![], 10, 0), grant(0), 1)
         .outcome
         .unwrap();
     assert_eq!((o.step, o.span), (2, 2));
@@ -131,7 +138,7 @@ fn a_late_tree_verifies_the_root_and_still_reports_the_step() {
     assert_eq!(p.tree.len(), 1);
     assert!(p.dropped.is_none() && s.drafting());
     let o = s
-        .verified(&step(vec![0], vec![], 8, 0), 0, 1)
+        .verified(&step(vec![0], vec![], 8, 0), grant(0), 1)
         .outcome
         .unwrap();
     assert_eq!((o.step, o.committed.as_slice()), (0, &[8][..]));
@@ -160,7 +167,7 @@ fn a_bad_tree_or_a_lost_stream_drops_the_drafter_for_good() {
         assert!(dropped.contains(why), "{dropped} should say {why}");
         assert!(!s.drafting() && !s.wants_tree());
         assert!(
-            s.verified(&step(vec![0], vec![], 8, 0), 0, 1)
+            s.verified(&step(vec![0], vec![], 8, 0), grant(0), 1)
                 .outcome
                 .is_none()
         );
@@ -181,7 +188,7 @@ fn the_last_step_owes_the_drafter_nothing() {
     s.plan(Some(Answer::Tree(wire_tree(7, 0))), 7, 100).unwrap();
     let mut last = step(vec![0, 1], vec![11], 2, 3);
     last.finish = Some(Finish::Eos);
-    let v = s.verified(&last, 3, 1);
+    let v = s.verified(&last, grant(3), 1);
     assert!(v.finished && v.committed.finished && v.committed.eos);
     assert!(v.outcome.is_none());
 }
@@ -204,7 +211,7 @@ fn the_wait_for_a_tree_and_a_tree_drafted_ahead_are_reported() {
     let mut ahead = wire_tree(7, 0);
     ahead.drafted_ahead = true;
     s.plan(Some(Answer::Tree(ahead)), 7, 100).unwrap();
-    let v = s.verified(&step(vec![0, 1], vec![11], 12, 3), 3, 1);
+    let v = s.verified(&step(vec![0, 1], vec![11], 12, 3), grant(3), 1);
     assert_eq!(v.committed.tree_wait_us, 2500);
     assert!(v.committed.drafted_ahead);
     assert_eq!(v.outcome.expect("due").tree_wait_us, 2500);
@@ -213,7 +220,7 @@ fn the_wait_for_a_tree_and_a_tree_drafted_ahead_are_reported() {
     // the outcome: neither carries over.
     s.plan(Some(Answer::Tree(wire_tree(12, 1))), 12, 100)
         .unwrap();
-    let v = s.verified(&step(vec![0], vec![], 5, 3), 3, 1);
+    let v = s.verified(&step(vec![0], vec![], 5, 3), grant(3), 1);
     assert_eq!(v.committed.tree_wait_us, 0);
     assert!(!v.committed.drafted_ahead);
     assert_eq!(v.outcome.expect("due").tree_wait_us, 0);
@@ -224,19 +231,19 @@ fn a_reattached_drafter_drafts_from_the_step_it_took_and_its_refusal_only_drops_
     let mut s = Steps::new(0, BOUNDS, true);
     let p = s.plan(Some(Answer::Lost("reset".into())), 7, 100).unwrap();
     assert!(p.dropped.is_some() && !s.wants_tree());
-    s.verified(&step(vec![0], vec![], 8, 0), 0, 1);
+    s.verified(&step(vec![0], vec![], 8, 0), grant(0), 1);
     // Two plain steps, then another drafter takes the session at step 3.
     s.plan(None, 8, 100).unwrap();
-    s.verified(&step(vec![0], vec![], 9, 0), 0, 1);
+    s.verified(&step(vec![0], vec![], 9, 0), grant(0), 1);
     s.plan(None, 9, 100).unwrap();
-    s.verified(&step(vec![0], vec![], 10, 0), 0, 1);
+    s.verified(&step(vec![0], vec![], 10, 0), grant(0), 1);
     s.reattached();
     assert!(s.wants_tree());
     let p = s
         .plan(Some(Answer::Tree(wire_tree(10, 3))), 10, 100)
         .unwrap();
     assert_eq!((p.tree.draft_len(), p.top_k), (3, 2));
-    let v = s.verified(&step(vec![0, 1], vec![11], 40, 3), 3, 1);
+    let v = s.verified(&step(vec![0, 1], vec![11], 40, 3), grant(3), 1);
     assert_eq!(v.committed.step, 3);
     assert_eq!(v.outcome.expect("due").step, 3);
     // A refusal from a re-attached drafter drops it; the session goes on.

@@ -112,3 +112,54 @@ fn usage_carries_the_prediction_counts_under_openais_names() {
         1
     );
 }
+
+#[test]
+fn speculation_and_tenant_are_our_extensions() {
+    let base = |extra: serde_json::Value| {
+        let mut v =
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+        v.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        chat(v)
+    };
+    let mode = |r: v1::GenerateRequest| r.speculation.map(|s| s.mode);
+    assert_eq!(
+        mode(base(serde_json::json!({})).unwrap()),
+        None,
+        "absent: the gRPC default"
+    );
+    for (name, want) in [
+        ("off", v1::SpeculationMode::Off),
+        ("auto", v1::SpeculationMode::Unspecified),
+        ("model-free", v1::SpeculationMode::ModelFree),
+        ("draft-model", v1::SpeculationMode::DraftModel),
+        ("combined", v1::SpeculationMode::Combined),
+    ] {
+        let r = base(serde_json::json!({"speculation": name})).unwrap();
+        assert_eq!(mode(r), Some(want as i32), "{name}");
+    }
+    for bad in [
+        serde_json::json!("fast"),
+        serde_json::json!(true),
+        serde_json::json!("OFF"),
+    ] {
+        let e = base(serde_json::json!({"speculation": bad})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("speculation"), "{bad}: {e}");
+        for accepted in [
+            "`speculation`",
+            "\"off\"",
+            "\"auto\"",
+            "\"model-free\"",
+            "\"draft-model\"",
+            "\"combined\"",
+        ] {
+            assert!(e.message.contains(accepted), "{bad}: {e}");
+        }
+    }
+    let r = base(serde_json::json!({"tenant": "team-a"})).unwrap();
+    assert_eq!(r.tenant, "team-a");
+    assert_eq!(base(serde_json::json!({})).unwrap().tenant, "");
+    let e = base(serde_json::json!({"tenant": 7})).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("tenant"), "{e}");
+}

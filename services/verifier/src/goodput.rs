@@ -1,0 +1,345 @@
+//! The batcher's goodput planning (see `specmesh_planner`): before each
+//! batched forward, which drafted nodes of each session's tree to verify;
+//! after it, what the step taught the step-time model, the score
+//! calibrations and each session's node-budget forecast.
+//!
+//! Each session carries its own [`SessionPlanning`] between steps (it
+//! travels with the session's step job, as the KV cache does), so nothing
+//! here outlives a session. What sessions share lives here: the step-time
+//! model, and one score table per kind of drafting (`auto`, `model-free`,
+//! `draft-model`, `combined`), every new session's prior.
+
+use specmesh_draft::Sources;
+use specmesh_planner::{Calibration, Forecast, Offer, Overhead, Planner, ScoreTable, StepModel};
+use specmesh_tree::TokenTree;
+
+/// What a session carries for the planner from step to step.
+#[derive(Debug, Clone)]
+pub struct SessionPlanning {
+    calibration: Calibration,
+    forecast: Forecast,
+    /// Index of its kind of drafting in the shared tables.
+    kind: usize,
+    /// Expected accepted tokens of its granted nodes per step it brought
+    /// a tree (moving average).
+    gain: f64,
+    /// Whether that gain pays for what its speculating costs the batch
+    /// (see `specmesh_planner::overhead`).
+    pays: bool,
+}
+
+impl SessionPlanning {
+    /// A session drafting from `sources`, at most `max_draft` nodes a tree.
+    pub fn new(sources: Sources, max_draft: usize) -> SessionPlanning {
+        let kind = match sources {
+            Sources::Auto => 0,
+            Sources::ModelFree => 1,
+            Sources::DraftModel => 2,
+            Sources::Combined => 3,
+        };
+        SessionPlanning {
+            calibration: Calibration::default(),
+            forecast: Forecast::new(max_draft),
+            kind,
+            gain: 1.0,
+            pays: true,
+        }
+    }
+
+    /// Drafted nodes the planner expects to grant the session next step:
+    /// none while its speculating does not pay for itself.
+    pub fn node_budget(&self) -> usize {
+        if self.pays { self.forecast.budget() } else { 0 }
+    }
+}
+
+/// What the planner did to one session's tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Granted {
+    /// Drafted nodes the drafter proposed.
+    pub offered: usize,
+    /// Expected accepted tokens of the granted nodes.
+    pub expected: f64,
+    /// When only part of the tree is verified: the original index of each
+    /// verified node, the root first (`kept[pruned index] = original`).
+    pub kept: Option<Vec<usize>>,
+}
+
+impl Granted {
+    /// An original tree index for a verified (pruned) one.
+    pub fn original(&self, node: usize) -> usize {
+        self.kept.as_ref().map_or(node, |k| k[node])
+    }
+
+    /// The verified drafted nodes as the drafter's indices, ascending (the
+    /// outcome's `granted`), when the tree was pruned.
+    pub fn granted_wire(&self) -> Option<Vec<u32>> {
+        self.kept
+            .as_ref()
+            .map(|k| k[1..].iter().map(|&i| i as u32).collect())
+    }
+}
+
+/// One batch's plan, for metrics and the trace.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchPlan {
+    pub grants: Vec<Granted>,
+    /// Tokens in the forward.
+    pub tokens: usize,
+    pub proposed: usize,
+    pub granted: usize,
+    /// Expected accepted drafted tokens.
+    pub expected: f64,
+    /// Predicted seconds of the step (forward and fixed part).
+    pub predicted_seconds: f64,
+}
+
+#[derive(Debug)]
+pub struct Goodput {
+    enabled: bool,
+    max_tokens: usize,
+    model: StepModel,
+    shared: [ScoreTable; 4],
+    planner: Planner,
+    /// Per batch slot, reused.
+    estimates: Vec<Vec<f64>>,
+    overhead: Overhead,
+    /// Predicted committed tokens per second of the batches planned
+    /// (moving average): what a session's overhead is priced at.
+    goodput: f64,
+}
+
+impl Goodput {
+    /// `enabled: false` verifies every tree whole (still timing steps).
+    pub fn new(enabled: bool, max_tokens: usize, model: StepModel) -> Goodput {
+        Goodput {
+            enabled,
+            max_tokens,
+            model,
+            shared: [ScoreTable::default(); 4],
+            planner: Planner::default(),
+            estimates: Vec::new(),
+            overhead: Overhead::default(),
+            goodput: 0.0,
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Plans one forward over `trees` (one per session, `sessions` alike),
+    /// pruning each tree in place to what it is granted.
+    pub fn plan(&mut self, trees: &mut [TokenTree], sessions: &[&SessionPlanning]) -> BatchPlan {
+        let n = trees.len();
+        let mut out = BatchPlan {
+            tokens: trees.iter().map(TokenTree::len).sum(),
+            proposed: trees.iter().map(TokenTree::draft_len).sum(),
+            ..BatchPlan::default()
+        };
+        out.grants = trees
+            .iter()
+            .map(|t| Granted {
+                offered: t.draft_len(),
+                expected: 0.0,
+                kept: None,
+            })
+            .collect();
+        if !self.enabled || out.proposed == 0 {
+            out.granted = out.proposed;
+            out.predicted_seconds = self.model.step(out.tokens);
+            return out;
+        }
+        if self.estimates.len() < n {
+            self.estimates.resize_with(n, Vec::new);
+        }
+        for ((t, s), e) in trees.iter().zip(sessions).zip(&mut self.estimates) {
+            s.calibration.estimates(&self.shared[s.kind], t, e);
+        }
+        let offers: Vec<Offer<'_>> = trees
+            .iter()
+            .zip(&self.estimates)
+            .map(|(t, e)| Offer {
+                tree: t,
+                estimates: e,
+                whole: t.has_draft_dists(),
+            })
+            .collect();
+        let plan = match self.planner.plan(&offers, &self.model, 0, self.max_tokens) {
+            Ok(plan) => plan,
+            Err(e) => {
+                // Estimates are built here for these very trees: a mismatch
+                // is a bug; verify everything rather than fail the batch.
+                tracing::error!(error = %e, "goodput planner: verifying every tree whole");
+                out.granted = out.proposed;
+                out.predicted_seconds = self.model.step(out.tokens);
+                return out;
+            }
+        };
+        drop(offers);
+        for ((t, g), grant) in trees.iter_mut().zip(&plan.grants).zip(&mut out.grants) {
+            grant.expected = g.expected;
+            if g.is_whole() {
+                continue;
+            }
+            match t.retain(&g.keep) {
+                Ok((pruned, kept)) => {
+                    *t = pruned;
+                    grant.kept = Some(kept);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "goodput planner: a grant that is no subtree")
+                }
+            }
+        }
+        out.tokens = trees.iter().map(TokenTree::len).sum();
+        out.granted = trees.iter().map(TokenTree::draft_len).sum();
+        out.expected = plan.expected_tokens - n as f64;
+        out.predicted_seconds = plan.seconds;
+        self.goodput += 0.1 * (plan.goodput() - self.goodput);
+        out
+    }
+
+    /// The target verified `tree` (as `grant` pruned it) for a session,
+    /// accepting `path` (in `tree`'s indices).
+    pub fn learn(
+        &mut self,
+        session: &mut SessionPlanning,
+        tree: &TokenTree,
+        path: &[usize],
+        grant: &Granted,
+    ) {
+        if grant.offered == 0 {
+            return;
+        }
+        session
+            .calibration
+            .observe(&mut self.shared[session.kind], tree, path);
+        session.forecast.observe(grant.offered, tree.draft_len());
+        session.gain += 0.2 * (grant.expected - session.gain);
+        session.pays = self.overhead.pays(session.gain, self.goodput);
+    }
+
+    /// A forward over `tokens` tokens took `seconds`.
+    pub fn observe_forward(&mut self, tokens: usize, seconds: f64) {
+        self.model.observe(tokens, seconds);
+    }
+
+    /// A step in which `speculating` sessions brought trees spent
+    /// `seconds` outside its forward.
+    pub fn observe_gap(&mut self, speculating: usize, seconds: f64) {
+        self.model.observe_fixed(seconds);
+        self.overhead.observe(speculating, seconds);
+    }
+
+    /// Seconds one more speculating session adds to a step.
+    pub fn overhead_per_session(&self) -> f64 {
+        self.overhead.per_session()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specmesh_tree::{TreeBuilder, TreeLimits};
+
+    fn chain(scores: &[f32]) -> TokenTree {
+        let mut b = TreeBuilder::new(1, TreeLimits::new(32, 32, 100)).unwrap();
+        for (i, &s) in scores.iter().enumerate() {
+            b.push(i, 10 + i as u32, s).unwrap();
+        }
+        b.build()
+    }
+
+    fn cpu() -> StepModel {
+        StepModel::from_curve(0.01, &[(1, 1.0), (2, 1.2), (4, 1.5), (16, 3.7), (64, 13.6)]).unwrap()
+    }
+
+    #[test]
+    fn prunes_to_the_grant_and_maps_back() {
+        let mut g = Goodput::new(true, 512, cpu());
+        let s = SessionPlanning::new(Sources::Auto, 16);
+        let mut trees = vec![chain(&[0.95, 0.9, 0.05, 0.01])];
+        let plan = g.plan(&mut trees, &[&s]);
+        assert_eq!(plan.proposed, 4);
+        assert_eq!(trees[0].draft_len(), plan.granted);
+        assert!(plan.granted >= 1 && plan.granted < 4, "{plan:?}");
+        let grant = &plan.grants[0];
+        assert_eq!(grant.original(0), 0);
+        assert_eq!(grant.granted_wire().unwrap().len(), plan.granted);
+    }
+
+    #[test]
+    fn a_session_whose_gain_does_not_pay_its_overhead_is_told_to_stop() {
+        let mut g = Goodput::new(true, 512, cpu());
+        // Each speculating session adds 2 ms to the step.
+        for i in 0..200 {
+            g.observe_gap(i % 5, 0.001 + 0.002 * (i % 5) as f64);
+        }
+        assert!((g.overhead_per_session() - 0.002).abs() < 1e-4);
+        let mut trees = vec![chain(&[0.95]), chain(&[0.95])];
+        let (a, b) = (
+            SessionPlanning::new(Sources::Auto, 16),
+            SessionPlanning::new(Sources::Auto, 16),
+        );
+        g.plan(&mut trees, &[&a, &b]);
+        let mut s = SessionPlanning::new(Sources::Auto, 16);
+        let poor = Granted {
+            offered: 4,
+            expected: 0.01,
+            kept: None,
+        };
+        for _ in 0..30 {
+            g.learn(&mut s, &chain(&[0.1]), &[0], &poor);
+        }
+        assert_eq!(s.node_budget(), 0);
+        let good = Granted {
+            offered: 4,
+            expected: 3.0,
+            kept: None,
+        };
+        for _ in 0..30 {
+            g.learn(&mut s, &chain(&[0.9, 0.9, 0.9]), &[0, 1, 2, 3], &good);
+        }
+        assert!(s.node_budget() > 0);
+    }
+
+    #[test]
+    fn disabled_verifies_whole_trees() {
+        let mut g = Goodput::new(false, 512, cpu());
+        let s = SessionPlanning::new(Sources::Auto, 16);
+        let mut trees = vec![chain(&[0.01, 0.01])];
+        let plan = g.plan(&mut trees, &[&s]);
+        assert_eq!(plan.granted, 2);
+        assert_eq!(trees[0].draft_len(), 2);
+        assert!(plan.grants[0].kept.is_none());
+    }
+
+    #[test]
+    fn learning_moves_the_forecast_and_the_calibration() {
+        let mut g = Goodput::new(true, 512, cpu());
+        let mut s = SessionPlanning::new(Sources::ModelFree, 16);
+        let tree = chain(&[0.15, 0.15]);
+        let grant = Granted {
+            offered: 8,
+            expected: 1.0,
+            kept: None,
+        };
+        for _ in 0..40 {
+            g.learn(&mut s, &tree, &[0, 1, 2], &grant);
+        }
+        assert!(s.node_budget() <= 2);
+        // Scores of 0.15 were always accepted: such trees now pay.
+        let mut trees = vec![chain(&[0.15, 0.15])];
+        let plan = g.plan(&mut trees, &[&s]);
+        assert_eq!(plan.granted, 2, "{plan:?}");
+        // A new session of the same kind starts from what was learned.
+        let fresh = SessionPlanning::new(Sources::ModelFree, 16);
+        let mut trees = vec![chain(&[0.15, 0.15])];
+        assert_eq!(g.plan(&mut trees, &[&fresh]).granted, 2);
+        // Of another kind it does not.
+        let other = SessionPlanning::new(Sources::Auto, 16);
+        let mut trees = vec![chain(&[0.15, 0.15])];
+        assert_eq!(g.plan(&mut trees, &[&other]).granted, 0);
+    }
+}
