@@ -1,7 +1,9 @@
-//! One planned step, worked through: four sessions on a verifier with the
-//! cost curve Qwen2.5-Coder-1.5B's verifier measured at start on a 2-core
-//! VM (`measured the verify cost curve` in its log), a 60 ms one-token
-//! forward and 6 ms of a step outside its forward.
+//! One planned step, worked through: four sessions on a Qwen2.5-Coder-1.5B
+//! verifier with the cost curve such a verifier measured at start on a
+//! 2-core AVX-512 VNNI VM (`measured the verify cost curve` and `measured
+//! the plain step` in its log: a 77.9 ms one-token forward, 4 / 8 / 16
+//! tokens at 1.36 / 1.43 / 2.53 of it) and the 1.0 ms outside its forward
+//! that its planner measured (`specmesh_planner_fixed_step_seconds`).
 //!
 //! `cargo run --release -p specmesh-planner --example worked_step`
 
@@ -20,16 +22,16 @@ fn tree(nodes: &[(usize, f32)]) -> TokenTree {
 fn main() {
     let curve = [
         (1, 1.0),
-        (2, 1.09),
-        (4, 1.33),
-        (8, 1.52),
-        (16, 2.44),
-        (32, 4.6),
-        (64, 8.9),
+        (2, 1.164),
+        (4, 1.364),
+        (8, 1.430),
+        (16, 2.534),
+        (32, 4.811),
+        (64, 10.269),
     ];
-    let mut model = StepModel::from_curve(0.060, &curve).unwrap();
+    let mut model = StepModel::from_curve(0.0779, &curve).unwrap();
     for _ in 0..100 {
-        model.observe_fixed(0.006);
+        model.observe_fixed(0.001);
     }
     let sessions = [
         (

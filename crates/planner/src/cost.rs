@@ -35,10 +35,14 @@ impl StepModel {
     /// The prior: a one-token forward of `step_seconds`, and `curve` as
     /// (k, cost relative to k = 1) points starting at (1, 1), costs
     /// non-decreasing; between points linear, past the last linear along
-    /// its last segment.
+    /// its last segment. A curve of (1, 1) alone says nothing of larger
+    /// forwards: each token is then priced as a whole step.
     pub fn from_curve(step_seconds: f64, curve: &[(usize, f64)]) -> Result<StepModel, PlanError> {
         if !(step_seconds.is_finite() && step_seconds > 0.0) {
             return Err(PlanError::BadStepSeconds(step_seconds));
+        }
+        if curve == [(1, 1.0)] {
+            return StepModel::from_curve(step_seconds, &[(1, 1.0), (2, 2.0)]);
         }
         let ok = curve.first() == Some(&(1, 1.0))
             && curve
@@ -181,7 +185,11 @@ mod tests {
     fn refuses_bad_priors() {
         assert!(StepModel::from_curve(0.0, &[(1, 1.0), (2, 1.1)]).is_err());
         assert!(StepModel::from_curve(f64::NAN, &[(1, 1.0), (2, 1.1)]).is_err());
-        assert!(StepModel::from_curve(0.01, &[(1, 1.0)]).is_err());
+        assert!(StepModel::from_curve(0.01, &[]).is_err());
+        assert!(StepModel::from_curve(0.01, &[(2, 1.0)]).is_err());
+        // (1, 1) alone: every token a whole step.
+        let linear = StepModel::from_curve(0.01, &[(1, 1.0)]).unwrap();
+        assert!((linear.forward(8) - 0.08).abs() < 1e-12);
         assert!(StepModel::from_curve(0.01, &[(2, 1.0), (4, 1.1)]).is_err());
         assert!(StepModel::from_curve(0.01, &[(1, 1.0), (4, 0.9)]).is_err());
         assert!(StepModel::from_curve(0.01, &[(1, 1.0), (4, f64::INFINITY)]).is_err());

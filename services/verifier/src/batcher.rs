@@ -396,6 +396,10 @@ fn verify(
             span.record("verify_ms", times.verify * 1e3);
             span.record("commit_ms", times.commit * 1e3);
             m.batch_size.observe(n as f64);
+            // The model's gauges move slowly: every 32nd forward is enough.
+            if counters.batches.load(Ordering::Relaxed) % 32 == 0 {
+                goodput.export(m);
+            }
             counters.batches.fetch_add(1, Ordering::Relaxed);
             counters.steps.fetch_add(n as u64, Ordering::Relaxed);
             let planned = goodput.enabled();

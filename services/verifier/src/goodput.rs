@@ -94,11 +94,31 @@ pub struct BatchPlan {
     pub predicted_seconds: f64,
 }
 
+/// Batch-size classes of the step-time models: 1, 2, 3–4, 5–8, 9 and more
+/// sessions.
+const CLASSES: usize = 5;
+
+fn class(sessions: usize) -> usize {
+    match sessions {
+        0 | 1 => 0,
+        2 => 1,
+        3 | 4 => 2,
+        5..=8 => 3,
+        _ => 4,
+    }
+}
+
 #[derive(Debug)]
 pub struct Goodput {
     enabled: bool,
     max_tokens: usize,
-    model: StepModel,
+    /// One step-time model per batch-size class ([`class`]): a forward
+    /// over two sessions' roots costs more than one session's root and a
+    /// node (two contexts to attend over, two sequences' bookkeeping), so
+    /// forwards of different batch sizes teach different models.
+    models: Vec<StepModel>,
+    /// The batch-size class of the batch being verified.
+    class: usize,
     shared: [ScoreTable; 4],
     planner: Planner,
     /// Per batch slot, reused.
@@ -115,7 +135,8 @@ impl Goodput {
         Goodput {
             enabled,
             max_tokens,
-            model,
+            models: vec![model; CLASSES],
+            class: 0,
             shared: [ScoreTable::default(); 4],
             planner: Planner::default(),
             estimates: Vec::new(),
@@ -132,6 +153,7 @@ impl Goodput {
     /// pruning each tree in place to what it is granted.
     pub fn plan(&mut self, trees: &mut [TokenTree], sessions: &[&SessionPlanning]) -> BatchPlan {
         let n = trees.len();
+        self.class = class(n);
         let mut out = BatchPlan {
             tokens: trees.iter().map(TokenTree::len).sum(),
             proposed: trees.iter().map(TokenTree::draft_len).sum(),
@@ -147,7 +169,7 @@ impl Goodput {
             .collect();
         if !self.enabled || out.proposed == 0 {
             out.granted = out.proposed;
-            out.predicted_seconds = self.model.step(out.tokens);
+            out.predicted_seconds = self.models[class(n)].step(out.tokens);
             return out;
         }
         if self.estimates.len() < n {
@@ -165,14 +187,15 @@ impl Goodput {
                 whole: t.has_draft_dists(),
             })
             .collect();
-        let plan = match self.planner.plan(&offers, &self.model, 0, self.max_tokens) {
+        let model = &self.models[class(n)];
+        let plan = match self.planner.plan(&offers, model, 0, self.max_tokens) {
             Ok(plan) => plan,
             Err(e) => {
                 // Estimates are built here for these very trees: a mismatch
                 // is a bug; verify everything rather than fail the batch.
                 tracing::error!(error = %e, "goodput planner: verifying every tree whole");
                 out.granted = out.proposed;
-                out.predicted_seconds = self.model.step(out.tokens);
+                out.predicted_seconds = model.step(out.tokens);
                 return out;
             }
         };
@@ -220,21 +243,37 @@ impl Goodput {
         session.pays = self.overhead.pays(session.gain, self.goodput);
     }
 
-    /// A forward over `tokens` tokens took `seconds`.
+    /// A forward over `tokens` tokens (of the batch last planned) took
+    /// `seconds`.
     pub fn observe_forward(&mut self, tokens: usize, seconds: f64) {
-        self.model.observe(tokens, seconds);
+        self.models[self.class].observe(tokens, seconds);
     }
 
     /// A step in which `speculating` sessions brought trees spent
     /// `seconds` outside its forward.
     pub fn observe_gap(&mut self, speculating: usize, seconds: f64) {
-        self.model.observe_fixed(seconds);
+        for m in &mut self.models {
+            m.observe_fixed(seconds);
+        }
         self.overhead.observe(speculating, seconds);
     }
 
     /// Seconds one more speculating session adds to a step.
     pub fn overhead_per_session(&self) -> f64 {
         self.overhead.per_session()
+    }
+
+    /// Writes the step-time model and the overhead into `m`'s gauges.
+    pub fn export(&self, m: &crate::metrics::BatchMetrics) {
+        for (model, sessions) in self.models.iter().zip(["1", "2", "4", "8", "16"]) {
+            for (tokens, secs) in model.points() {
+                m.model_forward
+                    .with_label_values(&[sessions, &tokens.to_string()])
+                    .set(secs);
+            }
+        }
+        m.model_fixed.set(self.models[0].fixed());
+        m.overhead_per_session.set(self.overhead_per_session());
     }
 }
 

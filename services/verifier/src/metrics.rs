@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    Counter, Histogram, HistogramOpts, HistogramVec, IntCounter, IntGauge, Opts, Registry,
+    Counter, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntGauge, Opts,
+    Registry,
 };
 use specmesh_server::metrics::{catch_up, register};
 
@@ -34,6 +35,12 @@ pub struct BatchMetrics {
     /// Accepted drafted tokens the planner expected, and those accepted.
     pub expected_accepted: Counter,
     pub accepted: IntCounter,
+    /// The planner's step-time model: predicted seconds of a forward over
+    /// `tokens` tokens, and of a step outside its forward.
+    pub model_forward: GaugeVec,
+    pub model_fixed: Gauge,
+    /// Seconds one more speculating session adds to a step (measured).
+    pub overhead_per_session: Gauge,
 }
 
 /// The phases of a verify step, as `specmesh_verify_phase_seconds` labels
@@ -140,6 +147,26 @@ impl BatchMetrics {
                 "Drafted tokens the target accepted of the nodes granted.",
             )
             .expect("valid counter"),
+            model_forward: GaugeVec::new(
+                Opts::new(
+                    "specmesh_planner_forward_seconds",
+                    "The goodput planner's step-time model: predicted seconds of one batched \
+                     forward over `tokens` tokens in a batch of up to `sessions` sessions \
+                     (classes 1, 2, 4, 8, 16 = 9 or more), learned from the measured forwards.",
+                ),
+                &["sessions", "tokens"],
+            )
+            .expect("valid gauge"),
+            model_fixed: Gauge::new(
+                "specmesh_planner_fixed_step_seconds",
+                "The planner's measure of a step's time outside its forward (moving average).",
+            )
+            .expect("valid gauge"),
+            overhead_per_session: Gauge::new(
+                "specmesh_planner_overhead_per_session_seconds",
+                "Seconds one more session bringing a tree adds to a step, measured across steps.",
+            )
+            .expect("valid gauge"),
         }
     }
 
@@ -153,6 +180,9 @@ impl BatchMetrics {
         register(registry, self.nodes_granted.clone());
         register(registry, self.expected_accepted.clone());
         register(registry, self.accepted.clone());
+        register(registry, self.model_forward.clone());
+        register(registry, self.model_fixed.clone());
+        register(registry, self.overhead_per_session.clone());
     }
 }
 

@@ -32,9 +32,8 @@ fn bounded(
     DraftSession::new(spec, drafter, max_context, false).unwrap()
 }
 
-/// A session under a cost curve on which no tree pays: the policy drafts
-/// nothing but a probe every 16th step.
-fn not_paying(pipeline: bool, max_context: usize) -> DraftSession {
+/// A session over `repetitive()` whose verifier measured `curve`.
+fn with_curve(curve: &[(u32, f64)], pipeline: bool, max_context: usize) -> DraftSession {
     let start = v1::DraftStart {
         session_id: "s".into(),
         epoch: 7,
@@ -43,9 +42,9 @@ fn not_paying(pipeline: bool, max_context: usize) -> DraftSession {
         vocab_size: 100,
         max_draft_tokens: 8,
         max_depth: 6,
-        cost_curve: [(1, 1.0), (2, 100.0), (64, 1000.0)]
-            .into_iter()
-            .map(|(tokens, relative_cost)| v1::CostPoint {
+        cost_curve: curve
+            .iter()
+            .map(|&(tokens, relative_cost)| v1::CostPoint {
                 tokens,
                 relative_cost,
             })
@@ -56,6 +55,12 @@ fn not_paying(pipeline: bool, max_context: usize) -> DraftSession {
     assert!(spec.curve_fallback.is_none());
     let drafter = DrafterSet::new(0, None).for_spec(&spec).unwrap();
     DraftSession::new(spec, drafter, max_context, pipeline).unwrap()
+}
+
+/// A session under a cost curve on which no tree pays: the policy drafts
+/// nothing but a probe every 16th step.
+fn not_paying(pipeline: bool, max_context: usize) -> DraftSession {
+    with_curve(&[(1, 1.0), (2, 100.0), (64, 1000.0)], pipeline, max_context)
 }
 
 /// The outcome of steps `last + 1 - committed.len() ..= last`, each of
@@ -554,28 +559,7 @@ fn the_verifiers_node_budget_caps_the_next_tree_and_prices_it_alone() {
 #[test]
 fn nodes_the_verifier_left_out_are_not_learned_as_rejected() {
     // A flat cost curve: every budget pays, so the first tree is a chain.
-    let flat = || {
-        let start = v1::DraftStart {
-            session_id: "s".into(),
-            epoch: 7,
-            tokens: repetitive(),
-            prompt_len: 3,
-            vocab_size: 100,
-            max_draft_tokens: 8,
-            max_depth: 6,
-            cost_curve: [(1, 1.0), (2, 1.0), (64, 1.01)]
-                .into_iter()
-                .map(|(tokens, relative_cost)| v1::CostPoint {
-                    tokens,
-                    relative_cost,
-                })
-                .collect(),
-            ..Default::default()
-        };
-        let spec = crate::validate::start(start, 1000).unwrap();
-        let drafter = DrafterSet::new(0, None).for_spec(&spec).unwrap();
-        DraftSession::new(spec, drafter, 1000, false).unwrap()
-    };
+    let flat = || with_curve(&[(1, 1.0), (2, 1.0), (64, 1.01)], false, 1000);
     let (mut pruned, mut whole) = (flat(), flat());
     let tree = first_tree(&mut pruned);
     assert_eq!(first_tree(&mut whole), tree);
