@@ -59,7 +59,7 @@ pub struct StepDone {
     pub result: Result<Step, VerifierError>,
     /// Sessions verified in the same forward.
     pub batch_size: usize,
-    pub planning: SessionPlanning,
+    pub planning: Box<SessionPlanning>,
     /// The verified drafted nodes (drafter's indices, ascending) when the
     /// planner verified only part of the tree.
     pub granted: Option<Vec<u32>>,
@@ -68,6 +68,9 @@ pub struct StepDone {
     pub node_budget: Option<u32>,
 }
 
+// A step job is moved once per step through the channel and its tree is
+// the bulk of it; boxing the tree would add an allocation per step.
+#[allow(clippy::large_enum_variant)]
 enum Job {
     Prefill {
         session: Box<Session>,
@@ -78,7 +81,7 @@ enum Job {
         session: Box<Session>,
         tree: TokenTree,
         top_k: usize,
-        planning: SessionPlanning,
+        planning: Box<SessionPlanning>,
         span: tracing::Span,
         reply: oneshot::Sender<StepDone>,
     },
@@ -125,7 +128,7 @@ impl Batcher {
         session: Box<Session>,
         tree: TokenTree,
         top_k: usize,
-        planning: SessionPlanning,
+        planning: Box<SessionPlanning>,
     ) -> Result<StepDone, VerifierError> {
         let (reply, rx) = oneshot::channel();
         let span = tracing::Span::current();
@@ -147,7 +150,7 @@ struct StepJob {
     session: Box<Session>,
     tree: TokenTree,
     top_k: usize,
-    planning: SessionPlanning,
+    planning: Box<SessionPlanning>,
     span: tracing::Span,
     reply: oneshot::Sender<StepDone>,
     queued: Instant,
@@ -339,7 +342,7 @@ fn run_batch(
         })
         .collect();
     let plan = {
-        let sessions: Vec<&SessionPlanning> = batch.iter().map(|j| &j.planning).collect();
+        let sessions: Vec<&SessionPlanning> = batch.iter().map(|j| &*j.planning).collect();
         goodput.plan(&mut trees, &sessions)
     };
     m.phase(Phase::Plan, start.elapsed().as_secs_f64());
@@ -397,7 +400,7 @@ fn verify(
             span.record("commit_ms", times.commit * 1e3);
             m.batch_size.observe(n as f64);
             // The model's gauges move slowly: every 32nd forward is enough.
-            if counters.batches.load(Ordering::Relaxed) % 32 == 0 {
+            if counters.batches.load(Ordering::Relaxed).is_multiple_of(32) {
                 goodput.export(m);
             }
             counters.batches.fetch_add(1, Ordering::Relaxed);

@@ -125,10 +125,10 @@ async fn drive_inner(
 
     let _decoding = Gauge::up(&v.decoding);
     let mut steps = Steps::new(run.epoch, bounds, link.is_some());
-    let mut planning = SessionPlanning::new(
+    let mut planning = Box::new(SessionPlanning::new(
         run.draft.as_ref().map(|d| d.sources).unwrap_or_default(),
         bounds.max_draft,
-    );
+    ));
     let phases = &v.batcher.counters().metrics;
     // Without a drafter (never reached, or lost) the session decodes plain
     // and re-attaches to one at a step boundary.
