@@ -334,15 +334,11 @@ fn run_batch(
             start.saturating_duration_since(job.queued).as_secs_f64(),
         );
     }
-    let mut trees: Vec<TokenTree> = batch
-        .iter_mut()
-        .map(|j| {
-            let stand_in = placeholder(&j.tree);
-            std::mem::replace(&mut j.tree, stand_in)
-        })
-        .collect();
     let plan = {
-        let sessions: Vec<&SessionPlanning> = batch.iter().map(|j| &*j.planning).collect();
+        let (mut trees, sessions): (Vec<&mut TokenTree>, Vec<&SessionPlanning>) = batch
+            .iter_mut()
+            .map(|j| (&mut j.tree, &*j.planning))
+            .unzip();
         goodput.plan(&mut trees, &sessions)
     };
     m.phase(Phase::Plan, start.elapsed().as_secs_f64());
@@ -355,16 +351,10 @@ fn run_batch(
     m.nodes_proposed.inc_by(plan.proposed as u64);
     m.nodes_granted.inc_by(plan.granted as u64);
     m.expected_accepted.inc_by(plan.expected.max(0.0));
-    for ((job, tree), grant) in batch.iter_mut().zip(trees).zip(plan.grants) {
-        job.tree = tree;
+    for (job, grant) in batch.iter_mut().zip(plan.grants) {
         job.grant = Some(grant);
     }
     verify(model, batch, goodput, last_forward, counters, &span);
-}
-
-/// A root-only stand-in while a job's tree is being planned.
-fn placeholder(tree: &TokenTree) -> TokenTree {
-    TokenTree::root_only(tree.root_token(), tree.limits()).unwrap_or_else(|_| tree.clone())
 }
 
 /// Verifies a planned batch in one forward and answers every session.
@@ -390,7 +380,7 @@ fn verify(
     match result {
         Ok((outcomes, times)) => {
             *last_forward = Some(Instant::now());
-            goodput.observe_forward(tokens, times.forward);
+            goodput.observe_forward(n, tokens, times.forward);
             m.step_seconds.observe(times.forward);
             m.phase(Phase::Forward, times.forward);
             m.phase(Phase::Verify, times.verify);

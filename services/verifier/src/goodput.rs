@@ -117,8 +117,6 @@ pub struct Goodput {
     /// node (two contexts to attend over, two sequences' bookkeeping), so
     /// forwards of different batch sizes teach different models.
     models: Vec<StepModel>,
-    /// The batch-size class of the batch being verified.
-    class: usize,
     shared: [ScoreTable; 4],
     planner: Planner,
     /// Per batch slot, reused.
@@ -136,7 +134,6 @@ impl Goodput {
             enabled,
             max_tokens,
             models: vec![model; CLASSES],
-            class: 0,
             shared: [ScoreTable::default(); 4],
             planner: Planner::default(),
             estimates: Vec::new(),
@@ -151,12 +148,15 @@ impl Goodput {
 
     /// Plans one forward over `trees` (one per session, `sessions` alike),
     /// pruning each tree in place to what it is granted.
-    pub fn plan(&mut self, trees: &mut [TokenTree], sessions: &[&SessionPlanning]) -> BatchPlan {
+    pub fn plan(
+        &mut self,
+        trees: &mut [&mut TokenTree],
+        sessions: &[&SessionPlanning],
+    ) -> BatchPlan {
         let n = trees.len();
-        self.class = class(n);
         let mut out = BatchPlan {
-            tokens: trees.iter().map(TokenTree::len).sum(),
-            proposed: trees.iter().map(TokenTree::draft_len).sum(),
+            tokens: trees.iter().map(|t| t.len()).sum(),
+            proposed: trees.iter().map(|t| t.draft_len()).sum(),
             ..BatchPlan::default()
         };
         out.grants = trees
@@ -207,7 +207,7 @@ impl Goodput {
             }
             match t.retain(&g.keep) {
                 Ok((pruned, kept)) => {
-                    *t = pruned;
+                    **t = pruned;
                     grant.kept = Some(kept);
                 }
                 Err(e) => {
@@ -215,8 +215,8 @@ impl Goodput {
                 }
             }
         }
-        out.tokens = trees.iter().map(TokenTree::len).sum();
-        out.granted = trees.iter().map(TokenTree::draft_len).sum();
+        out.tokens = trees.iter().map(|t| t.len()).sum();
+        out.granted = trees.iter().map(|t| t.draft_len()).sum();
         out.expected = plan.expected_tokens - n as f64;
         out.predicted_seconds = plan.seconds;
         self.goodput += 0.1 * (plan.goodput() - self.goodput);
@@ -243,10 +243,10 @@ impl Goodput {
         session.pays = self.overhead.pays(session.gain, self.goodput);
     }
 
-    /// A forward over `tokens` tokens (of the batch last planned) took
+    /// A forward over `tokens` tokens of `sessions` sessions took
     /// `seconds`.
-    pub fn observe_forward(&mut self, tokens: usize, seconds: f64) {
-        self.models[self.class].observe(tokens, seconds);
+    pub fn observe_forward(&mut self, sessions: usize, tokens: usize, seconds: f64) {
+        self.models[class(sessions)].observe(tokens, seconds);
     }
 
     /// A step in which `speculating` sessions brought trees spent
@@ -290,6 +290,11 @@ mod tests {
         b.build()
     }
 
+    fn plan_for(g: &mut Goodput, trees: &mut [TokenTree], s: &[&SessionPlanning]) -> BatchPlan {
+        let mut refs: Vec<&mut TokenTree> = trees.iter_mut().collect();
+        g.plan(&mut refs, s)
+    }
+
     fn cpu() -> StepModel {
         StepModel::from_curve(0.01, &[(1, 1.0), (2, 1.2), (4, 1.5), (16, 3.7), (64, 13.6)]).unwrap()
     }
@@ -299,7 +304,7 @@ mod tests {
         let mut g = Goodput::new(true, 512, cpu());
         let s = SessionPlanning::new(Sources::Auto, 16);
         let mut trees = vec![chain(&[0.95, 0.9, 0.05, 0.01])];
-        let plan = g.plan(&mut trees, &[&s]);
+        let plan = plan_for(&mut g, &mut trees, &[&s]);
         assert_eq!(plan.proposed, 4);
         assert_eq!(trees[0].draft_len(), plan.granted);
         assert!(plan.granted >= 1 && plan.granted < 4, "{plan:?}");
@@ -321,7 +326,7 @@ mod tests {
             SessionPlanning::new(Sources::Auto, 16),
             SessionPlanning::new(Sources::Auto, 16),
         );
-        g.plan(&mut trees, &[&a, &b]);
+        plan_for(&mut g, &mut trees, &[&a, &b]);
         let mut s = SessionPlanning::new(Sources::Auto, 16);
         let poor = Granted {
             offered: 4,
@@ -348,7 +353,7 @@ mod tests {
         let mut g = Goodput::new(false, 512, cpu());
         let s = SessionPlanning::new(Sources::Auto, 16);
         let mut trees = vec![chain(&[0.01, 0.01])];
-        let plan = g.plan(&mut trees, &[&s]);
+        let plan = plan_for(&mut g, &mut trees, &[&s]);
         assert_eq!(plan.granted, 2);
         assert_eq!(trees[0].draft_len(), 2);
         assert!(plan.grants[0].kept.is_none());
@@ -370,15 +375,15 @@ mod tests {
         assert!(s.node_budget() <= 2);
         // Scores of 0.15 were always accepted: such trees now pay.
         let mut trees = vec![chain(&[0.15, 0.15])];
-        let plan = g.plan(&mut trees, &[&s]);
+        let plan = plan_for(&mut g, &mut trees, &[&s]);
         assert_eq!(plan.granted, 2, "{plan:?}");
         // A new session of the same kind starts from what was learned.
         let fresh = SessionPlanning::new(Sources::ModelFree, 16);
         let mut trees = vec![chain(&[0.15, 0.15])];
-        assert_eq!(g.plan(&mut trees, &[&fresh]).granted, 2);
+        assert_eq!(plan_for(&mut g, &mut trees, &[&fresh]).granted, 2);
         // Of another kind it does not.
         let other = SessionPlanning::new(Sources::Auto, 16);
         let mut trees = vec![chain(&[0.15, 0.15])];
-        assert_eq!(g.plan(&mut trees, &[&other]).granted, 0);
+        assert_eq!(plan_for(&mut g, &mut trees, &[&other]).granted, 0);
     }
 }
