@@ -1,7 +1,8 @@
 //! Chunked prefill on the real verifier: a long prompt that arrives while
-//! other sessions decode is prefilled a chunk at a time between their
-//! steps (`--prefill-chunk-tokens`), so they keep getting tokens, and its
-//! own output is what a prefill in one piece gives.
+//! other sessions decode is prefilled a chunk at a time, each chunk in the
+//! forward of their next steps (`--prefill-chunk-tokens`), so they keep
+//! getting tokens, and its own output is what a prefill in one piece
+//! gives.
 //!
 //! The inter-token latency of the running streams with and without
 //! chunking is measured by the ignored test here (README, "Chunked
@@ -137,7 +138,7 @@ async fn steps_during_prefill(chunk: usize, running: usize, long: &[u32]) -> (us
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_long_prompt_is_prefilled_between_the_running_sessions_steps() {
+async fn a_long_prompt_is_prefilled_in_the_running_sessions_step_forwards() {
     let long = tokens(&long_text(1200));
     let (chunked, out) = steps_during_prefill(32, 1, &long).await;
     let (whole, expected) = steps_during_prefill(0, 1, &long).await;

@@ -103,6 +103,15 @@ async fn greedy_outputs_at_concurrency_4_and_16_equal_plain_decoding() {
     );
     assert!(accepted > 0.0 && accepted <= granted);
     assert!(expected_accepted > 0.0);
+    // The waves' prompts were prefilled while their first sessions
+    // decoded: in those sessions' forwards (the outputs above are plain
+    // decoding's all the same).
+    let fused = metric(&url, "specmesh_prefill_fused_tokens_total", "");
+    let prefilled = metric(&url, "specmesh_prefill_tokens_total", "");
+    assert!(
+        fused > 0.0 && fused <= prefilled,
+        "{fused} of {prefilled} prefill tokens in step forwards"
+    );
     for phase in [
         "forward",
         "verify",

@@ -9,7 +9,8 @@ use specmesh_sampling::SamplingParams;
 use specmesh_tree::{TokenTree, TreeLimits};
 
 use crate::EngineError;
-use crate::session::{Finish, Session, SessionLimits, step_batch};
+use crate::batch::step_batch;
+use crate::session::{Finish, Session, SessionLimits};
 
 /// Speculation counters of one generation.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -1,7 +1,8 @@
 //! The target side of speculative decoding, free of I/O: a [`Session`]
 //! holds one generation's KV cache and committed tokens; [`step_batch`]
 //! verifies one token tree per session in a single batched forward and
-//! commits each accepted path; [`generate`] is the whole loop in-process
+//! commits each accepted path (with [`step_batch_fused`], next to a chunk
+//! of another session's prefill); [`generate`] is the whole loop in-process
 //! (the reference the distributed loop is measured against).
 //!
 //! The invariant every step keeps: the KV cache holds all committed tokens
@@ -10,11 +11,15 @@
 
 #![forbid(unsafe_code)]
 
+mod batch;
 mod generate;
 mod session;
 
+pub use batch::{
+    BatchTimes, FusedStep, PrefillChunk, step_batch, step_batch_fused, step_batch_timed,
+};
 pub use generate::{Generation, Stats, generate};
-pub use session::{BatchTimes, Finish, Session, SessionLimits, Step, step_batch, step_batch_timed};
+pub use session::{Finish, Session, SessionLimits, Step};
 
 /// What can go wrong in a step; all of it is a bug or bad input upstream.
 #[derive(Debug, thiserror::Error)]

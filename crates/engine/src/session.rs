@@ -5,7 +5,7 @@ use std::time::Instant;
 use specmesh_model::{Block, Model, Sequence};
 use specmesh_sampling::SamplingParams;
 use specmesh_tree::TokenTree;
-use specmesh_verify::{RowMajor, Verification, verify};
+use specmesh_verify::Verification;
 
 use crate::EngineError;
 
@@ -42,13 +42,13 @@ pub struct Step {
 /// A generation on the target model.
 #[derive(Debug)]
 pub struct Session {
-    seq: Sequence,
+    pub(crate) seq: Sequence,
     tokens: Vec<u32>,
     prompt_len: usize,
     /// Output tokens generated before this session (a resumed session keeps
     /// counting sampling positions from there).
     generated: usize,
-    params: SamplingParams,
+    pub(crate) params: SamplingParams,
     limits: SessionLimits,
     finish: Option<Finish>,
 }
@@ -112,15 +112,35 @@ impl Session {
     /// forward is computed on its own, so the KV is the same, bit for bit,
     /// however the prefill is chunked.
     pub fn prefill_chunk(&mut self, model: &Model, max_tokens: usize) -> Result<bool, EngineError> {
-        let done = self.seq.len();
-        let target = self.tokens.len() - 1;
-        let end = target.min(done.saturating_add(max_tokens.max(1)));
-        if done < end {
-            let block = Block::chain(self.tokens[done..end].to_vec(), done)?.last_logits_only();
+        if let Some(block) = self.prefill_block(max_tokens)? {
             model.forward(&mut self.seq, &block)?;
-            self.seq.commit(&(0..end - done).collect::<Vec<_>>())?;
+            self.commit_prefill(block.len())?;
         }
-        Ok(end >= target)
+        Ok(self.prefill_left() == 0)
+    }
+
+    /// Context tokens whose KV is still to compute before the first step.
+    pub fn prefill_left(&self) -> usize {
+        (self.tokens.len() - 1).saturating_sub(self.seq.len())
+    }
+
+    /// The next chunk of the prefill, at most `max_tokens` (at least one)
+    /// context tokens, with only its last row's logits; `None` when the
+    /// prefill is complete.
+    pub(crate) fn prefill_block(&self, max_tokens: usize) -> Result<Option<Block>, EngineError> {
+        let done = self.seq.len();
+        let n = self.prefill_left().min(max_tokens.max(1));
+        if n == 0 {
+            return Ok(None);
+        }
+        let tokens = self.tokens[done..done + n].to_vec();
+        Ok(Some(Block::chain(tokens, done)?.last_logits_only()))
+    }
+
+    /// Keeps the `n` staged rows of a prefill chunk.
+    pub(crate) fn commit_prefill(&mut self, n: usize) -> Result<(), EngineError> {
+        self.seq.commit(&(0..n).collect::<Vec<_>>())?;
+        Ok(())
     }
 
     /// Context tokens whose KV is computed (kept from a cache or
@@ -178,7 +198,7 @@ impl Session {
         model.config().max_context.saturating_sub(self.tokens.len())
     }
 
-    fn block(&self, tree: &TokenTree, model: &Model) -> Result<Block, EngineError> {
+    pub(crate) fn block(&self, tree: &TokenTree, model: &Model) -> Result<Block, EngineError> {
         if self.finish.is_some() {
             return Err(EngineError::Finished);
         }
@@ -203,7 +223,7 @@ impl Session {
         )?)
     }
 
-    fn apply(&mut self, tree: &TokenTree, v: Verification) -> Result<Step, EngineError> {
+    pub(crate) fn apply(&mut self, tree: &TokenTree, v: Verification) -> Result<Step, EngineError> {
         self.seq.commit(&v.path)?;
         let accepted = v.accepted_len();
         let mut committed = v.committed();
@@ -230,75 +250,4 @@ impl Session {
             finish,
         })
     }
-}
-
-/// Verifies one tree per session in one batched forward and commits each
-/// accepted path. `top_k` target tokens per path node are returned for
-/// token recycling. A failure leaves every session as it was.
-pub fn step_batch(
-    model: &Model,
-    items: &mut [(&mut Session, &TokenTree)],
-    top_k: usize,
-) -> Result<Vec<Step>, EngineError> {
-    step_batch_timed(model, items, top_k).map(|(steps, _)| steps)
-}
-
-/// Where a batched step's time went, in seconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct BatchTimes {
-    /// The batched forward (every session's block).
-    pub forward: f64,
-    /// Sampling and acceptance: every tree's verification against its
-    /// logits (and the top-k rows for token recycling).
-    pub verify: f64,
-    /// Committing the accepted paths into the KV caches and applying the
-    /// stop rules.
-    pub commit: f64,
-}
-
-/// [`step_batch`], with where its time went.
-pub fn step_batch_timed(
-    model: &Model,
-    items: &mut [(&mut Session, &TokenTree)],
-    top_k: usize,
-) -> Result<(Vec<Step>, BatchTimes), EngineError> {
-    let t0 = Instant::now();
-    let blocks = items
-        .iter()
-        .map(|(s, t)| s.block(t, model))
-        .collect::<Result<Vec<_>, _>>()?;
-    let logits = {
-        let mut batch: Vec<(&mut Sequence, &Block)> = items
-            .iter_mut()
-            .zip(&blocks)
-            .map(|((s, _), b)| (&mut s.seq, b))
-            .collect();
-        model.forward_batch(&mut batch)?
-    };
-    let t1 = Instant::now();
-    let mut verdicts = Vec::with_capacity(items.len());
-    for ((s, t), l) in items.iter().zip(&logits) {
-        let rows = RowMajor::new(l.as_slice(), l.vocab())?;
-        match verify(t, &rows, &s.params, s.position(), top_k) {
-            Ok(v) => verdicts.push(v),
-            Err(e) => {
-                for (s, _) in items.iter_mut() {
-                    s.seq.discard();
-                }
-                return Err(e.into());
-            }
-        }
-    }
-    let t2 = Instant::now();
-    let steps = items
-        .iter_mut()
-        .zip(verdicts)
-        .map(|((s, t), v)| s.apply(t, v))
-        .collect::<Result<Vec<_>, _>>()?;
-    let times = BatchTimes {
-        forward: (t1 - t0).as_secs_f64(),
-        verify: (t2 - t1).as_secs_f64(),
-        commit: t2.elapsed().as_secs_f64(),
-    };
-    Ok((steps, times))
 }

@@ -7,7 +7,9 @@ use std::sync::OnceLock;
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use specmesh_draft::{DraftContext, Drafter, Feedback};
-use specmesh_engine::{Session, SessionLimits, generate, step_batch};
+use specmesh_engine::{
+    PrefillChunk, Session, SessionLimits, generate, step_batch, step_batch_fused,
+};
 use specmesh_model::{LoadOptions, Model};
 use specmesh_sampling::SamplingParams;
 use specmesh_tokenizer::{ChatMessage, Tokenizer};
@@ -215,6 +217,77 @@ fn a_prefill_in_chunks_decodes_exactly_as_one_in_a_piece() {
         }
         assert_eq!(out, expected, "prefill in chunks of {chunk}");
     }
+}
+
+#[test]
+fn a_prefill_riding_in_other_sessions_steps_decodes_as_alone() {
+    let m = model();
+    let greedy = SamplingParams::greedy();
+    let vocab = m.config().vocab_size as u32;
+    let (a, b) = (chat(PROMPTS[0]), chat(PROMPTS[1]));
+    let (want_a, want_b) = (plain(&a, &greedy, 40), plain(&b, &greedy, 12));
+    let mut decoding =
+        Session::new(m, a.clone(), a.len(), greedy.clone(), limits(40), None).unwrap();
+    decoding.prefill(m).unwrap();
+    let mut arriving =
+        Session::new(m, b.clone(), b.len(), greedy.clone(), limits(12), None).unwrap();
+    let mut out_a: Vec<u32> = Vec::new();
+    let mut chunks = 0;
+    while arriving.prefill_left() > 0 {
+        let left = arriving.prefill_left();
+        let tree = TokenTree::root_only(decoding.root(), TreeLimits::new(1, 0, vocab)).unwrap();
+        let fused = step_batch_fused(
+            m,
+            &mut [(&mut decoding, &tree)],
+            Some(PrefillChunk {
+                session: &mut arriving,
+                max_tokens: 7,
+            }),
+            0,
+        )
+        .unwrap();
+        assert_eq!(fused.prefilled, left.min(7));
+        assert_eq!(arriving.prefill_left(), left - fused.prefilled);
+        out_a.extend(&fused.steps[0].committed);
+        chunks += 1;
+    }
+    assert!(chunks > 1, "the prompt took several chunks");
+    // A complete prefill adds nothing to a forward.
+    let tree = TokenTree::root_only(decoding.root(), TreeLimits::new(1, 0, vocab)).unwrap();
+    let fused = step_batch_fused(
+        m,
+        &mut [(&mut decoding, &tree)],
+        Some(PrefillChunk {
+            session: &mut arriving,
+            max_tokens: 7,
+        }),
+        0,
+    )
+    .unwrap();
+    assert_eq!(fused.prefilled, 0);
+    out_a.extend(&fused.steps[0].committed);
+    let mut out_b: Vec<u32> = Vec::new();
+    while arriving.finish().is_none() {
+        let mut items = Vec::new();
+        let ta = TokenTree::root_only(decoding.root(), TreeLimits::new(1, 0, vocab)).unwrap();
+        let tb = TokenTree::root_only(arriving.root(), TreeLimits::new(1, 0, vocab)).unwrap();
+        let a_done = decoding.finish().is_some();
+        if !a_done {
+            items.push((&mut decoding, &ta));
+        }
+        items.push((&mut arriving, &tb));
+        let steps = step_batch(m, &mut items, 0).unwrap();
+        if !a_done {
+            out_a.extend(&steps[0].committed);
+        }
+        out_b.extend(&steps.last().unwrap().committed);
+    }
+    while decoding.finish().is_none() {
+        let t = TokenTree::root_only(decoding.root(), TreeLimits::new(1, 0, vocab)).unwrap();
+        out_a.extend(&step_batch(m, &mut [(&mut decoding, &t)], 0).unwrap()[0].committed);
+    }
+    assert_eq!(out_a, want_a, "the decoding session");
+    assert_eq!(out_b, want_b, "the session prefilled in its steps");
 }
 
 #[test]

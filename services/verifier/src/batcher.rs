@@ -2,8 +2,10 @@
 //! prefill and step jobs over a channel; it gathers the step jobs of
 //! concurrent sessions into one batched forward (continuous batching) and
 //! hands each session back with its result. A prefill runs a chunk at a
-//! time between rounds of steps (`--prefill-chunk-tokens`), so a long
-//! prompt arriving does not stall the sessions already decoding.
+//! time (`--prefill-chunk-tokens`), each chunk inside the next batch's
+//! forward (counted in the planner's tokens) or alone when no session
+//! decodes: a long prompt arriving neither stalls the sessions already
+//! decoding nor costs them forwards of its own.
 //!
 //! Sessions travel by value (`Box<Session>`), so no lock guards a KV cache:
 //! whoever holds the box owns the cache.
@@ -14,7 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use specmesh_engine::{Session, Step, step_batch_timed};
+use specmesh_engine::{FusedStep, PrefillChunk, Session, Step, step_batch_fused};
 use specmesh_model::Model;
 use specmesh_tree::TokenTree;
 use tokio::sync::oneshot;
@@ -31,8 +33,8 @@ pub struct BatcherConfig {
     pub max_batch: usize,
     /// How long a batch waits for the trees of other decoding sessions.
     pub window: Duration,
-    /// Context tokens a prefill computes between two rounds of steps (0:
-    /// a whole prompt at once).
+    /// Context tokens a prefill computes per forward (0: a whole prompt at
+    /// once).
     pub prefill_chunk: usize,
 }
 
@@ -229,76 +231,125 @@ fn run(
             take(job, &mut steps, &mut prefills);
         }
         // Steps wait up to the window for the other decoding sessions,
-        // whose trees are usually a drafter round trip away; not while a
-        // prefill is waiting: its next chunk runs in that time instead.
-        if prefills.is_empty() {
-            let deadline = Instant::now() + config.window;
-            loop {
-                let want = counters
-                    .decoding
-                    .load(Ordering::Relaxed)
-                    .min(config.max_batch);
-                if steps.is_empty() || steps.len() >= want {
-                    break;
-                }
-                let now = Instant::now();
-                if now >= deadline {
-                    break;
-                }
-                match rx.recv_timeout(deadline - now) {
-                    Ok(job) => take(job, &mut steps, &mut prefills),
-                    Err(_) => break,
-                }
+        // whose trees are usually a drafter round trip away. A waiting
+        // prefill's next chunk rides in the same forward, so it waits too
+        // while any session decodes (it runs alone after the window).
+        let deadline = Instant::now() + config.window;
+        loop {
+            let want = counters
+                .decoding
+                .load(Ordering::Relaxed)
+                .min(config.max_batch);
+            if steps.len() >= want || (steps.is_empty() && prefills.is_empty()) {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            match rx.recv_timeout(deadline - now) {
+                Ok(job) => take(job, &mut steps, &mut prefills),
+                Err(_) => break,
             }
         }
+        // A prefill whose caller left is not computed any further.
+        while prefills.front().is_some_and(|p| p.reply.is_closed()) {
+            prefills.pop_front();
+        }
+        let chunk = if config.prefill_chunk == 0 {
+            usize::MAX
+        } else {
+            config.prefill_chunk
+        };
+        if steps.is_empty() {
+            // No step to ride with: one chunk of the oldest prefill alone.
+            prefill_alone(model, &mut prefills, chunk, counters);
+            // A chunk ran between two forwards: that gap is not a step's.
+            last_forward = None;
+            continue;
+        }
+        // The first batch carries the oldest prefill's next chunk, so
+        // running sessions wait for no forward of their own for it,
+        // however long a new prompt.
+        let mut failed = false;
+        let mut fused = prefills.front_mut().map(|p| Fused {
+            job: p,
+            chunk,
+            failed: &mut failed,
+        });
         while !steps.is_empty() {
             let n = steps.len().min(config.max_batch);
             let batch: Vec<StepJob> = steps.drain(..n).collect();
-            run_batch(model, batch, &mut goodput, &mut last_forward, counters);
+            run_batch(
+                model,
+                batch,
+                fused.take(),
+                &mut goodput,
+                &mut last_forward,
+                counters,
+            );
         }
-        // Then one chunk of the oldest prefill, so running sessions wait
-        // at most a chunk for their next step, however long a new prompt.
-        if let Some(job) = prefills.front_mut() {
-            let chunk = if config.prefill_chunk == 0 {
-                usize::MAX
-            } else {
-                config.prefill_chunk
-            };
-            let done = if job.reply.is_closed() {
-                // The session is gone (its caller left): stop computing it.
-                None
-            } else {
-                let _e = job.span.enter();
-                let _c =
-                    tracing::info_span!("prefill_chunk", from = job.session.prefilled()).entered();
-                let before = job.session.prefilled();
-                let chunked = job.session.prefill_chunk(model, chunk);
-                // A chunk ran between two forwards: that gap is not a
-                // step's.
-                last_forward = None;
-                let done = job.session.prefilled().saturating_sub(before);
-                counters.metrics.prefill_tokens.inc_by(done as u64);
-                match chunked {
-                    Ok(false) => continue,
-                    Ok(true) => Some(Ok((job.reused, job.started.elapsed().as_secs_f64()))),
-                    Err(e) => Some(Err(VerifierError::Model(e.to_string()))),
-                }
-            };
-            let job = prefills.pop_front().expect("the front job");
-            if let Some(result) = done {
-                let _ = job.reply.send(PrefillDone {
-                    session: job.session,
-                    result,
-                });
-            }
+        if failed {
+            // The fused forward failed and its steps ran without the
+            // chunk: the chunk alone now answers its prefill (an error
+            // fails that prefill, not the others' steps).
+            prefill_alone(model, &mut prefills, chunk, counters);
+            last_forward = None;
+        } else if prefills
+            .front()
+            .is_some_and(|p| p.session.prefill_left() == 0)
+        {
+            finish_prefill(&mut prefills, Ok(()));
         }
     }
+}
+
+/// One chunk of the oldest prefill in a forward of its own.
+fn prefill_alone(
+    model: &Model,
+    prefills: &mut VecDeque<PrefillJob>,
+    chunk: usize,
+    counters: &Counters,
+) {
+    let chunked = prefills.front_mut().map(|job| {
+        let _e = job.span.enter();
+        let _c = tracing::info_span!("prefill_chunk", from = job.session.prefilled()).entered();
+        let before = job.session.prefilled();
+        let chunked = job.session.prefill_chunk(model, chunk);
+        let done = job.session.prefilled().saturating_sub(before);
+        counters.metrics.prefill_tokens.inc_by(done as u64);
+        chunked
+    });
+    match chunked {
+        None | Some(Ok(false)) => {}
+        Some(Ok(true)) => finish_prefill(prefills, Ok(())),
+        Some(Err(e)) => finish_prefill(prefills, Err(VerifierError::Model(e.to_string()))),
+    }
+}
+
+/// A prefill's chunk riding in a batch of steps.
+struct Fused<'a> {
+    job: &'a mut PrefillJob,
+    chunk: usize,
+    /// Set when the forward failed with the chunk in it.
+    failed: &'a mut bool,
+}
+
+/// Answers the oldest prefill, done or failed.
+fn finish_prefill(prefills: &mut VecDeque<PrefillJob>, result: Result<(), VerifierError>) {
+    let job = prefills.pop_front().expect("the front job");
+    let result = result.map(|()| (job.reused, job.started.elapsed().as_secs_f64()));
+    let _ = job.reply.send(PrefillDone {
+        session: job.session,
+        result,
+    });
 }
 
 /// Plans, verifies and answers one batch of steps.
 fn run_batch(
     model: &Model,
     mut batch: Vec<StepJob>,
+    fused: Option<Fused<'_>>,
     goodput: &mut Goodput,
     last_forward: &mut LastForward,
     counters: &Counters,
@@ -318,6 +369,7 @@ fn run_batch(
         "verify_batch",
         sessions = n,
         tokens = tracing::field::Empty,
+        prefill_tokens = tracing::field::Empty,
         proposed = tracing::field::Empty,
         granted = tracing::field::Empty,
         expected_accepted = tracing::field::Empty,
@@ -339,7 +391,10 @@ fn run_batch(
             .iter_mut()
             .map(|j| (&mut j.tree, &*j.planning))
             .unzip();
-        goodput.plan(&mut trees, &sessions)
+        let extra = fused
+            .as_ref()
+            .map_or(0, |f| f.job.session.prefill_left().min(f.chunk));
+        goodput.plan(&mut trees, &sessions, extra)
     };
     m.phase(Phase::Plan, start.elapsed().as_secs_f64());
     span.record("tokens", plan.tokens);
@@ -354,13 +409,14 @@ fn run_batch(
     for (job, grant) in batch.iter_mut().zip(plan.grants) {
         job.grant = Some(grant);
     }
-    verify(model, batch, goodput, last_forward, counters, &span);
+    verify(model, batch, fused, goodput, last_forward, counters, &span);
 }
 
 /// Verifies a planned batch in one forward and answers every session.
 fn verify(
     model: &Model,
     mut batch: Vec<StepJob>,
+    mut fused: Option<Fused<'_>>,
     goodput: &mut Goodput,
     last_forward: &mut LastForward,
     counters: &Counters,
@@ -375,12 +431,25 @@ fn verify(
             .iter_mut()
             .map(|j| (j.session.as_mut(), &j.tree))
             .collect();
-        step_batch_timed(model, &mut items, top_k)
+        let prefill = fused.as_mut().map(|f| PrefillChunk {
+            session: f.job.session.as_mut(),
+            max_tokens: f.chunk,
+        });
+        step_batch_fused(model, &mut items, prefill, top_k)
     };
     match result {
-        Ok((outcomes, times)) => {
+        Ok(FusedStep {
+            steps: outcomes,
+            times,
+            prefilled,
+        }) => {
             *last_forward = Some(Instant::now());
-            goodput.observe_forward(n, tokens, times.forward);
+            goodput.observe_forward(n, tokens + prefilled, times.forward);
+            if prefilled > 0 {
+                m.prefill_tokens.inc_by(prefilled as u64);
+                m.prefill_fused_tokens.inc_by(prefilled as u64);
+                span.record("prefill_tokens", prefilled);
+            }
             m.step_seconds.observe(times.forward);
             m.phase(Phase::Forward, times.forward);
             m.phase(Phase::Verify, times.verify);
@@ -426,11 +495,24 @@ fn verify(
                 });
             }
         }
-        // One bad item fails the whole forward and leaves every session as
-        // it was: verify them one by one so only the bad one fails.
+        // A failed forward leaves every session as it was. Without the
+        // chunk first (its prefill fails on its own, when it runs alone);
+        // then one by one, so only the bad item fails.
+        Err(_) if let Some(f) = fused => {
+            *f.failed = true;
+            verify(model, batch, None, goodput, last_forward, counters, span);
+        }
         Err(_) if n > 1 => {
             for job in batch {
-                verify(model, vec![job], goodput, last_forward, counters, span);
+                verify(
+                    model,
+                    vec![job],
+                    None,
+                    goodput,
+                    last_forward,
+                    counters,
+                    span,
+                );
             }
         }
         Err(e) => {

@@ -43,9 +43,10 @@ pub struct Args {
     /// How long a batch waits for the trees of other running sessions (µs).
     #[arg(long, default_value_t = 1000)]
     pub batch_window_us: u64,
-    /// Context tokens a prefill computes between two rounds of the other
-    /// sessions' steps: they wait at most one chunk for their next token,
-    /// however long a new prompt (0: each prompt in one piece).
+    /// Context tokens a prefill computes per forward, in the same forward
+    /// as the other sessions' steps: they wait at most one chunk's compute
+    /// for their next token, however long a new prompt (0: each prompt in
+    /// one piece).
     #[arg(long, default_value_t = 32)]
     pub prefill_chunk_tokens: usize,
     /// Drafted nodes per tree, at most (the root not counted).

@@ -152,10 +152,11 @@ impl Goodput {
         &mut self,
         trees: &mut [&mut TokenTree],
         sessions: &[&SessionPlanning],
+        extra: usize,
     ) -> BatchPlan {
         let n = trees.len();
         let mut out = BatchPlan {
-            tokens: trees.iter().map(|t| t.len()).sum(),
+            tokens: extra + trees.iter().map(|t| t.len()).sum::<usize>(),
             proposed: trees.iter().map(|t| t.draft_len()).sum(),
             ..BatchPlan::default()
         };
@@ -188,7 +189,7 @@ impl Goodput {
             })
             .collect();
         let model = &self.models[class(n)];
-        let plan = match self.planner.plan(&offers, model, 0, self.max_tokens) {
+        let plan = match self.planner.plan(&offers, model, extra, self.max_tokens) {
             Ok(plan) => plan,
             Err(e) => {
                 // Estimates are built here for these very trees: a mismatch
@@ -215,7 +216,7 @@ impl Goodput {
                 }
             }
         }
-        out.tokens = trees.iter().map(|t| t.len()).sum();
+        out.tokens = extra + trees.iter().map(|t| t.len()).sum::<usize>();
         out.granted = trees.iter().map(|t| t.draft_len()).sum();
         out.expected = plan.expected_tokens - n as f64;
         out.predicted_seconds = plan.seconds;
@@ -292,7 +293,7 @@ mod tests {
 
     fn plan_for(g: &mut Goodput, trees: &mut [TokenTree], s: &[&SessionPlanning]) -> BatchPlan {
         let mut refs: Vec<&mut TokenTree> = trees.iter_mut().collect();
-        g.plan(&mut refs, s)
+        g.plan(&mut refs, s, 0)
     }
 
     fn cpu() -> StepModel {
@@ -346,6 +347,31 @@ mod tests {
             g.learn(&mut s, &chain(&[0.9, 0.9, 0.9]), &[0, 1, 2, 3], &good);
         }
         assert!(s.node_budget() > 0);
+    }
+
+    #[test]
+    fn a_prefill_chunk_in_the_forward_counts_in_its_tokens_and_cost() {
+        let mut g = Goodput::new(true, 512, cpu());
+        let s = SessionPlanning::new(Sources::Auto, 16);
+        let scores = [0.1; 8];
+        let mut alone = vec![chain(&scores)];
+        let alone = plan_for(&mut g, &mut alone, &[&s]);
+        let mut fused = [chain(&scores)];
+        let fused = {
+            let mut refs: Vec<&mut TokenTree> = fused.iter_mut().collect();
+            g.plan(&mut refs, &[&s], 32)
+        };
+        assert_eq!(fused.tokens, 32 + 1 + fused.granted);
+        assert_eq!(alone.tokens, 1 + alone.granted);
+        assert!(fused.predicted_seconds > alone.predicted_seconds);
+        // Past the flat part of the curve a node costs the slope there,
+        // against a step already paid for: more of the tree pays.
+        assert!(fused.granted > alone.granted, "{alone:?} {fused:?}");
+        // The token cap counts the chunk too.
+        let mut capped = Goodput::new(true, 36, cpu());
+        let mut trees = [chain(&scores)];
+        let mut refs: Vec<&mut TokenTree> = trees.iter_mut().collect();
+        assert!(capped.plan(&mut refs, &[&s], 32).tokens <= 36);
     }
 
     #[test]

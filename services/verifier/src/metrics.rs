@@ -25,6 +25,8 @@ pub struct BatchMetrics {
     pub step_seconds: Histogram,
     /// Context tokens prefilled (reused ones not counted).
     pub prefill_tokens: IntCounter,
+    /// Of those, the ones computed inside a batch of steps' forward.
+    pub prefill_fused_tokens: IntCounter,
     /// Where a verify step's time goes, by phase (see [`Phase`]).
     pub phases: HistogramVec,
     /// Tokens in one batched verify forward (roots and granted nodes).
@@ -109,6 +111,12 @@ impl BatchMetrics {
                 "Context tokens prefilled (tokens reused from a kept cache are not).",
             )
             .expect("valid counter"),
+            prefill_fused_tokens: IntCounter::new(
+                "specmesh_prefill_fused_tokens_total",
+                "Of the prefilled tokens, those computed in the same forward as other sessions' \
+                 verify steps (the rest ran in forwards of their own).",
+            )
+            .expect("valid counter"),
             phases: HistogramVec::new(
                 HistogramOpts::new(
                     "specmesh_verify_phase_seconds",
@@ -174,6 +182,7 @@ impl BatchMetrics {
         register(registry, self.batch_size.clone());
         register(registry, self.step_seconds.clone());
         register(registry, self.prefill_tokens.clone());
+        register(registry, self.prefill_fused_tokens.clone());
         register(registry, self.phases.clone());
         register(registry, self.forward_tokens.clone());
         register(registry, self.nodes_proposed.clone());
