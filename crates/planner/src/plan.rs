@@ -164,13 +164,23 @@ impl Planner {
         let room = max_tokens
             .saturating_sub(base_tokens)
             .min(self.candidates.len());
+        // The time the sessions' tokens are charged: their step without the
+        // extra tokens, plus what the nodes add to the forward they share.
+        // The extra tokens' work is done either way; charging it to the
+        // sessions would make a node look cheap beside it whenever a
+        // prefill chunk rides along (on a CPU, whose forward grows linearly
+        // past a few tokens, nodes would then be bought that produce
+        // tokens dearer than plain decoding does).
+        let decode_base = model.step(base_tokens - extra);
+        let forward_base = model.step(base_tokens);
+        let charged = |tokens: usize| (decode_base + model.step(tokens) - forward_base).max(1e-12);
         // The best prefix: strictly better only, so ties keep the smaller,
         // cheaper plan (and nothing at all when nothing pays).
-        let mut best = (0usize, base_expected / model.step(base_tokens).max(1e-12));
+        let mut best = (0usize, base_expected / charged(base_tokens));
         let mut gain = base_expected;
         for (m, c) in self.candidates[..room].iter().enumerate() {
             gain += c.p;
-            let rate = gain / model.step(base_tokens + m + 1).max(1e-12);
+            let rate = gain / charged(base_tokens + m + 1);
             if rate > best.1 * (1.0 + 1e-12) {
                 best = (m + 1, rate);
             }

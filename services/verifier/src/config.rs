@@ -40,7 +40,8 @@ pub struct Args {
     /// Sessions verified in one batched forward, at most.
     #[arg(long, default_value_t = 16)]
     pub max_batch: usize,
-    /// How long a batch waits for the trees of other running sessions (µs).
+    /// How long a batch waits for the trees of other running sessions, at
+    /// least (µs); up to a tenth of the last forward when that is longer.
     #[arg(long, default_value_t = 1000)]
     pub batch_window_us: u64,
     /// Context tokens a prefill computes per forward, in the same forward

@@ -134,6 +134,35 @@ fn whole_trees_are_granted_whole_and_counted() {
 }
 
 #[test]
+fn a_prefill_chunk_alongside_is_not_charged_to_the_nodes() {
+    // Four sessions with middling chains on the CPU curve, with and without
+    // a 32-token chunk in the forward. Past 8 tokens a node costs the
+    // curve's slope; charged the chunk's time too it would look cheap.
+    let t = chain(&[0.5, 0.45, 0.4, 0.35]);
+    let e = estimates(&t);
+    let offers = [offer(&t, &e), offer(&t, &e), offer(&t, &e), offer(&t, &e)];
+    let alone = Planner::default()
+        .plan(&offers, &cpu(), 0, usize::MAX)
+        .unwrap();
+    let fused = Planner::default()
+        .plan(&offers, &cpu(), 32, usize::MAX)
+        .unwrap();
+    assert_eq!(fused.tokens, 32 + 4 + fused.granted());
+    assert!(fused.seconds > alone.seconds);
+    assert!(
+        fused.granted() <= alone.granted(),
+        "{} granted with the chunk, {} without",
+        fused.granted(),
+        alone.granted()
+    );
+    // Nodes that are free beside the chunk (a flat curve) are still bought.
+    let free = Planner::default()
+        .plan(&offers, &flat(), 32, usize::MAX)
+        .unwrap();
+    assert_eq!(free.granted(), 16);
+}
+
+#[test]
 fn the_token_cap_holds() {
     let t = chain(&[0.99; 10]);
     let e = estimates(&t);
