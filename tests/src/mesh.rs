@@ -86,6 +86,22 @@ impl Mesh {
         Mesh::start_up(&model_path(), SMOLLM2_COST_CURVE, &args, env)
     }
 
+    /// One verifier of `model` on `cost_curve` and one drafter drafting with
+    /// `draft_model` (both paths or catalog names), which may be of
+    /// another vocabulary (it then drafts through text).
+    pub fn start_model_with_draft(
+        model: &std::path::Path,
+        cost_curve: &str,
+        draft_model: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> Mesh {
+        let args = [
+            "--draft-model".to_string(),
+            draft_model.display().to_string(),
+        ];
+        Mesh::start_up(model, cost_curve, &args, env)
+    }
+
     /// `specmesh up --model MODEL ARGS…`, the verifiers on `cost_curve`.
     fn start_up(
         model: &std::path::Path,

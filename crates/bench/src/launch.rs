@@ -202,7 +202,8 @@ pub struct Layout {
     pub verifiers: usize,
     pub drafters: usize,
     /// The drafters' draft model (a catalog name or a path), checked
-    /// against the target's vocabulary when it loads.
+    /// against the target's tokenizer when it loads (another vocabulary
+    /// drafts through text).
     pub draft_model: Option<PathBuf>,
     /// `--cpus` of the verifiers and of the drafters (default: every core).
     pub verifier_cpus: Option<String>,

@@ -86,6 +86,11 @@ pub struct DrafterStats {
     pub tree_tokens: u64,
     /// Proposes that fell back to the root alone after a model error.
     pub errors: u64,
+    /// Drafting through text ([`crate::CrossVocabDrafter`]): nanoseconds
+    /// spent mapping between the vocabularies, and target tokens dropped
+    /// where a draft's text ended inside one.
+    pub retokenize_nanos: u64,
+    pub boundary_lost: u64,
 }
 
 /// A drafter backed by a small model sharing the target's vocabulary.

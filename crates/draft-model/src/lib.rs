@@ -1,6 +1,7 @@
-//! A drafter backed by a small language model: any GGUF sharing the
-//! target's vocabulary, or the target's own first layers
-//! ([`specmesh_model::Model::truncated`], a self-draft).
+//! A drafter backed by a small language model: any GGUF (sharing the
+//! target's vocabulary, or drafting through text when it does not), or
+//! the target's own first layers ([`specmesh_model::Model::truncated`], a
+//! self-draft).
 //!
 //! [`ModelDrafter`] grows its tree one depth per draft forward, spending the
 //! node budget best-first by path probability. Greedy requests get the
@@ -8,17 +9,20 @@
 //! replacement from the draft's processed distribution, which travels with
 //! the tree (`DraftDist`) so the verifier can accept losslessly.
 //!
-//! [`check_vocab`] refuses a draft model whose tokenizer differs from the
-//! target's.
+//! [`check_vocab`] tells whether a draft model's tokenizer is the
+//! target's; when it is not, [`CrossVocabDrafter`] drafts through text
+//! ([`TextBridge`]), and trees still arrive in the target's vocabulary.
 
 #![forbid(unsafe_code)]
 
 mod alloc;
+mod cross;
 mod dist;
 mod drafter;
 mod error;
 mod vocab;
 
+pub use cross::{BridgeError, CrossVocabDrafter, TextBridge, TextMap};
 pub use drafter::{DraftOptions, DrafterStats, ModelDrafter};
 pub use error::DraftModelError;
 pub use vocab::{VocabMismatch, check_pieces, check_vocab};

@@ -270,6 +270,18 @@ impl Tokenizer {
         Ok(self.inner.piece_bytes.get(index).map(Vec::as_slice))
     }
 
+    /// The bytes `id` stands for in text, special tokens' own text
+    /// included (without the leading-space strip a whole [`Self::decode`]
+    /// may apply); `None` for an unused id. What a text bridge between two
+    /// vocabularies concatenates: a token may end in the middle of a UTF-8
+    /// character.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        match self.inner.pieces.get(id as usize) {
+            Some(Some(_)) => self.inner.piece_bytes.get(id as usize).map(Vec::as_slice),
+            _ => None,
+        }
+    }
+
     pub(crate) fn strips_leading_space(&self) -> bool {
         self.inner.strip_leading_space
     }

@@ -52,8 +52,9 @@ pub struct Args {
     /// stream would hold a session slot (DEADLINE_EXCEEDED).
     #[arg(long, default_value_t = 30)]
     pub start_timeout_secs: u64,
-    /// A draft model sharing the target's vocabulary: a catalog name
-    /// (`specmesh model list`) or a GGUF file; unset: model-free drafting only.
+    /// A draft model: a catalog name (`specmesh model list`) or a GGUF
+    /// file, of the target's vocabulary or (with `--target-tokenizer`) of
+    /// another, drafting through text; unset: model-free drafting only.
     #[arg(long)]
     pub draft_model: Option<PathBuf>,
     /// Self-draft: `--draft-model` is the target itself and only its first
@@ -61,7 +62,9 @@ pub struct Args {
     #[arg(long)]
     pub self_draft_layers: Option<usize>,
     /// The target's tokenizer (a catalog name, a GGUF file or a Hugging Face
-    /// model directory): the draft model is refused unless its vocabulary matches.
+    /// model directory): a draft model of another vocabulary drafts through
+    /// text for it (refused at start when its tokenizer cannot); without
+    /// it, the draft model must have the target's vocabulary.
     #[arg(long)]
     pub target_tokenizer: Option<PathBuf>,
     /// Compute threads of the draft model (default: all cores).
@@ -118,7 +121,8 @@ pub struct DraftModelConfig {
     pub path: PathBuf,
     /// Draft with only the first this many layers (self-draft).
     pub self_draft_layers: Option<usize>,
-    /// The target's tokenizer, to refuse a draft model of another vocabulary.
+    /// The target's tokenizer: a draft model of another vocabulary drafts
+    /// through text for it.
     pub target_tokenizer: Option<PathBuf>,
     pub threads: Option<usize>,
     /// Sessions drafting with the model at once.

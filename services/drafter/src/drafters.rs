@@ -34,7 +34,7 @@ use specmesh_draft::{
     PredictedConfig, PromptLookup, Sources, SuffixConfig, SuffixDrafter, TenantKey, TokenRecycler,
     TokenTree,
 };
-use specmesh_draft_model::{DraftOptions, DrafterStats, ModelDrafter};
+use specmesh_draft_model::{CrossVocabDrafter, DraftOptions, DrafterStats, ModelDrafter};
 use specmesh_proto::{StartSpec, TargetModel};
 use specmesh_sampling::SamplingParams;
 use specmesh_tree::merge;
@@ -149,19 +149,71 @@ impl DrafterSet {
     }
 }
 
+/// A session's model drafter: in the target's vocabulary, or through text.
+#[derive(Debug)]
+enum SessionModel {
+    Same(ModelDrafter),
+    Cross(CrossVocabDrafter),
+}
+
+impl SessionModel {
+    fn propose(&mut self, ctx: &DraftContext<'_>) -> TokenTree {
+        match self {
+            SessionModel::Same(m) => m.propose(ctx),
+            SessionModel::Cross(m) => m.propose(ctx),
+        }
+    }
+
+    fn observe(&mut self, feedback: &Feedback<'_>) {
+        match self {
+            SessionModel::Same(m) => m.observe(feedback),
+            SessionModel::Cross(m) => m.observe(feedback),
+        }
+    }
+
+    fn stats(&self) -> DrafterStats {
+        match self {
+            SessionModel::Same(m) => m.stats(),
+            SessionModel::Cross(m) => m.stats(),
+        }
+    }
+
+    /// Context tokens the draft model holds (its own tokens through text:
+    /// close enough to price a catch-up).
+    fn cached_len(&self) -> usize {
+        match self {
+            SessionModel::Same(m) => m.cached_len(),
+            SessionModel::Cross(m) => m.cached_len(),
+        }
+    }
+}
+
 /// A model drafter and its slot, or `None` (logged) when no slot is free
 /// or the model's vocabulary is not the session's.
 fn model_drafter(
     m: &DraftModel,
     vocab: u32,
     sampling: &SamplingParams,
-) -> Option<(ModelDrafter, OwnedSemaphorePermit)> {
+) -> Option<(SessionModel, OwnedSemaphorePermit)> {
     let Some(slot) = m.try_slot() else {
         tracing::debug!("every draft model slot is taken: drafting model-free");
         return None;
     };
     let options = DraftOptions::default();
-    match ModelDrafter::new(m.model().clone(), sampling.clone(), vocab, options) {
+    let drafter = match m.bridge() {
+        // Through text the trees carry no draft distributions (they are
+        // not the target's vocabulary's), so the model drafts greedily and
+        // the verifier accepts its trees as deterministic proposals,
+        // lossless for any sampling.
+        Some(bridge) => {
+            let own = m.model().config().vocab_size as u32;
+            ModelDrafter::new(m.model().clone(), SamplingParams::greedy(), own, options)
+                .map(|d| SessionModel::Cross(CrossVocabDrafter::new(d, bridge.clone())))
+        }
+        None => ModelDrafter::new(m.model().clone(), sampling.clone(), vocab, options)
+            .map(SessionModel::Same),
+    };
+    match drafter {
         Ok(d) => {
             tracing::debug!("drafting with the model");
             Some((d, slot))
@@ -178,7 +230,7 @@ fn model_drafter(
 /// the arms its policy chooses among.
 pub struct SessionDrafter {
     free: Merged,
-    model: Option<(ModelDrafter, OwnedSemaphorePermit)>,
+    model: Option<(SessionModel, OwnedSemaphorePermit)>,
     arms: Vec<Arm>,
     /// What the draft model's forwards cost, when measured.
     cost: Option<ForwardCost>,

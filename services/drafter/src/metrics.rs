@@ -76,6 +76,8 @@ impl Collector for StatsMetrics {
             .collect();
         descs.extend(self.stats.propose_seconds.desc());
         descs.extend(self.stats.tree_nodes.desc());
+        descs.extend(self.stats.retokenize_seconds.desc());
+        descs.extend(self.stats.boundary_lost.desc());
         descs
     }
 
@@ -95,6 +97,8 @@ impl Collector for StatsMetrics {
             .collect();
         families.extend(self.stats.propose_seconds.collect());
         families.extend(self.stats.tree_nodes.collect());
+        families.extend(self.stats.retokenize_seconds.collect());
+        families.extend(self.stats.boundary_lost.collect());
         families
     }
 }

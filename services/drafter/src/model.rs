@@ -1,6 +1,8 @@
 //! The optional draft model: loaded once at startup, checked against the
 //! target's tokenizer, and shared (`Arc`) by every session that drafts
-//! with it.
+//! with it. A draft model whose tokenizer is not the target's
+//! (`--target-tokenizer` names the target's) drafts through text
+//! ([`TextBridge`]); one whose tokenizer cannot is refused at start.
 //!
 //! Sharing is safe: [`Model::forward`] takes `&self` and serialises on the
 //! model's scratch mutex, so concurrent sessions' forwards queue rather
@@ -15,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use specmesh_draft_model::{VocabMismatch, check_vocab};
+use specmesh_draft_model::{BridgeError, TextBridge, VocabMismatch, check_vocab};
 use specmesh_model::{LoadOptions, Model, ModelError};
 use specmesh_proto::TargetModel;
 use specmesh_tokenizer::{Tokenizer, TokenizerError};
@@ -55,6 +57,11 @@ pub enum DraftModelError {
         target: PathBuf,
         source: Box<VocabMismatch>,
     },
+    #[error("the draft model's tokenizer is not the target's, and it cannot draft through text")]
+    Bridge {
+        #[source]
+        source: Box<BridgeError>,
+    },
 }
 
 /// The loaded draft model, its identity and its session slots.
@@ -68,6 +75,9 @@ pub struct DraftModel {
     /// Measured at load; `None` when the measurement failed.
     cost: Option<ForwardCost>,
     slots: Arc<Semaphore>,
+    /// Set when the draft model's vocabulary is not the target's: it
+    /// drafts through text for the target tokenizer given at start.
+    bridge: Option<Arc<TextBridge>>,
 }
 
 /// What the draft model's forwards cost, measured once at load.
@@ -105,7 +115,8 @@ pub enum ModelRefusal {
     #[error(
         "the draft model {draft} cannot draft for the target {target}: their vocabularies \
          differ ({why}); use a draft model with the target's tokenizer (a smaller model of the \
-         same family) or model-free speculation"
+         same family), start the drafter with --target-tokenizer naming the target's model \
+         (it then drafts through text), or use model-free speculation"
     )]
     Vocab {
         draft: String,
@@ -135,13 +146,34 @@ impl DraftModel {
             ..cfg.clone()
         };
         let draft_tok = tokenizer(&cfg.path)?;
+        let mut bridge = None;
         if let Some(target) = &cfg.target_tokenizer {
             let target_tok = tokenizer(target)?;
-            check_vocab(&target_tok, &draft_tok).map_err(|source| DraftModelError::Vocab {
-                draft: cfg.path.clone(),
-                target: target.clone(),
-                source: Box::new(source),
-            })?;
+            if let Err(mismatch) = check_vocab(&target_tok, &draft_tok) {
+                if cfg.self_draft_layers.is_some() {
+                    return Err(DraftModelError::Vocab {
+                        draft: cfg.path.clone(),
+                        target: target.clone(),
+                        source: Box::new(mismatch),
+                    });
+                }
+                let target_name = target.display().to_string();
+                let b = TextBridge::new(target_tok, draft_tok.clone(), &target_name, &name)
+                    .map_err(|source| DraftModelError::Bridge {
+                        source: Box::new(source),
+                    })?;
+                tracing::info!(
+                    draft = %name,
+                    target = %target_name,
+                    shared_chat_markers = b.shared_markers(),
+                    why = %mismatch,
+                    "the draft model's vocabulary is not the target's: drafting through text"
+                );
+                bridge = Some(Arc::new(b));
+            }
+        }
+        if bridge.is_none() && cfg.target_tokenizer.is_some() {
+            tracing::info!(draft = %name, "the draft model drafts in the target's vocabulary");
         }
         let opts = LoadOptions {
             threads: cfg.threads,
@@ -177,7 +209,13 @@ impl DraftModel {
             vocab_fingerprint: draft_tok.vocab_fingerprint(),
             cost,
             slots: Arc::new(Semaphore::new(cfg.max_sessions)),
+            bridge,
         })
+    }
+
+    /// The text bridge, when the draft model drafts through text.
+    pub fn bridge(&self) -> Option<&Arc<TextBridge>> {
+        self.bridge.as_ref()
     }
 
     /// What its forwards cost, when measured.
@@ -189,6 +227,9 @@ impl DraftModel {
     /// size (`vocab`, the target's logits) or, when the verifier sent one,
     /// another fingerprint.
     pub fn check_target(&self, target: &TargetModel, vocab: u32) -> Result<(), ModelRefusal> {
+        if let Some(b) = &self.bridge {
+            return self.check_bridged(b.target(), target, vocab);
+        }
         let draft_vocab = self.model.config().vocab_size;
         let why = if draft_vocab != vocab as usize {
             Some(format!(
@@ -204,6 +245,38 @@ impl DraftModel {
                         self.vocab_fingerprint
                     )
                 })
+        };
+        match why {
+            None => Ok(()),
+            Some(why) => Err(ModelRefusal::Vocab {
+                draft: self.name.clone(),
+                target: target.display_name().to_owned(),
+                why,
+            }),
+        }
+    }
+
+    /// Drafting through text, the target must be the tokenizer given at
+    /// start: its fingerprint, when the verifier sent one, and at least its
+    /// ids in the target's logits.
+    fn check_bridged(
+        &self,
+        bridged: &Tokenizer,
+        target: &TargetModel,
+        vocab: u32,
+    ) -> Result<(), ModelRefusal> {
+        let expected = bridged.vocab_fingerprint();
+        let why = match target.vocab_fingerprint {
+            Some(f) if f != expected => Some(format!(
+                "this drafter drafts through text for the target tokenizer given with \
+                 --target-tokenizer (vocabulary fingerprint {expected:016x}), the target's is {f:016x}"
+            )),
+            _ if (vocab as usize) < bridged.vocab_size() => Some(format!(
+                "the target's logits cover {vocab} tokens, the target tokenizer given with \
+                 --target-tokenizer has {}",
+                bridged.vocab_size()
+            )),
+            _ => None,
         };
         match why {
             None => Ok(()),

@@ -106,6 +106,17 @@ pub struct Drafted {
     pub nodes: usize,
     /// Time spent in the drafter's `propose`.
     pub took: Duration,
+    /// Set when the draft model drafted through text.
+    pub retokenized: Option<Retokenized>,
+}
+
+/// What drafting through text cost a tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retokenized {
+    /// Mapping the context and the draft between the vocabularies.
+    pub took: Duration,
+    /// Target tokens dropped where the draft's text ended inside one.
+    pub lost: u64,
 }
 
 /// What the session awaits the outcome of.
@@ -435,6 +446,7 @@ impl DraftSession {
             },
             nodes: 0,
             took: Duration::ZERO,
+            retokenized: None,
         })
     }
 
@@ -548,10 +560,15 @@ impl DraftSession {
             arm: plan.arm,
         });
         self.next_step = plan.step + 1;
+        let retokenized = (after.retokenize_nanos > before.retokenize_nanos).then(|| Retokenized {
+            took: Duration::from_nanos(after.retokenize_nanos - before.retokenize_nanos),
+            lost: after.boundary_lost - before.boundary_lost,
+        });
         Ok(Drafted {
             tree: wire,
             nodes,
             took,
+            retokenized,
         })
     }
 

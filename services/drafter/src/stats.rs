@@ -24,6 +24,10 @@ pub struct Stats {
     /// Each tree's drafting time and size, for Prometheus.
     pub(crate) propose_seconds: prometheus::Histogram,
     pub(crate) tree_nodes: prometheus::Histogram,
+    /// Drafting through text: mapping time per tree, and target tokens
+    /// dropped at the end of a draft's text.
+    pub(crate) retokenize_seconds: prometheus::Histogram,
+    pub(crate) boundary_lost: prometheus::IntCounter,
 }
 
 impl Default for Stats {
@@ -55,6 +59,18 @@ impl Default for Stats {
                 "Drafted nodes per tree sent (the root not counted).",
                 vec![0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
             ),
+            retokenize_seconds: histogram(
+                "specmesh_drafter_retokenize_seconds",
+                "Seconds per tree spent mapping between the target's and the draft model's \
+                 vocabularies (a draft model of another vocabulary, drafting through text).",
+                prometheus::exponential_buckets(0.000_001, 4.0, 10).expect("valid buckets"),
+            ),
+            boundary_lost: prometheus::IntCounter::new(
+                "specmesh_drafter_boundary_lost_tokens_total",
+                "Target tokens dropped from trees drafted through text because the draft's \
+                 text ended inside them.",
+            )
+            .expect("valid counter"),
         }
     }
 }
@@ -131,6 +147,11 @@ impl Stats {
             &self.propose_nanos,
             u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
         );
+    }
+
+    pub(crate) fn retokenized(&self, r: crate::session::Retokenized) {
+        self.retokenize_seconds.observe(r.took.as_secs_f64());
+        self.boundary_lost.inc_by(r.lost);
     }
 
     pub(crate) fn accepted(&self, nodes: usize) {

@@ -312,6 +312,9 @@ impl DraftStream {
             self.tally.trees += 1;
             self.tally.drafted += drafted.nodes as u64;
             self.shared.stats.tree_sent(drafted.nodes, drafted.took);
+            if let Some(r) = drafted.retokenized {
+                self.shared.stats.retokenized(r);
+            }
         }
         Ok(sent)
     }

@@ -23,8 +23,9 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     drafters: usize,
     /// The drafters' draft model: a catalog name (`specmesh model list`) or
-    /// a GGUF file sharing the target's vocabulary (checked at start);
-    /// unset: model-free drafting only.
+    /// a GGUF file; of the target's vocabulary, or of another that drafts
+    /// through text (e.g. smollm2-135m for qwen2.5-coder-1.5b; checked at
+    /// start); unset: model-free drafting only.
     #[arg(long)]
     draft_model: Option<PathBuf>,
     /// Seconds to wait for each service to start (loading the model and
