@@ -57,8 +57,14 @@ pub enum DraftModelError {
         target: PathBuf,
         source: Box<VocabMismatch>,
     },
-    #[error("the draft model's tokenizer is not the target's, and it cannot draft through text")]
+    #[error(
+        "the draft model {draft} cannot draft for the target tokenizer {target}: {mismatch}; \
+         and it cannot draft through text either"
+    )]
     Bridge {
+        draft: PathBuf,
+        target: PathBuf,
+        mismatch: Box<VocabMismatch>,
         #[source]
         source: Box<BridgeError>,
     },
@@ -160,6 +166,9 @@ impl DraftModel {
                 let target_name = target.display().to_string();
                 let b = TextBridge::new(target_tok, draft_tok.clone(), &target_name, &name)
                     .map_err(|source| DraftModelError::Bridge {
+                        draft: cfg.path.clone(),
+                        target: target.clone(),
+                        mismatch: Box::new(mismatch.clone()),
                         source: Box::new(source),
                     })?;
                 tracing::info!(

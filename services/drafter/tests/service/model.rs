@@ -148,7 +148,9 @@ async fn a_self_draft_serves_and_a_foreign_tokenizer_is_refused_at_startup() {
     stream.close().await;
     drafter.shutdown().await.unwrap();
 
-    // A target tokenizer with another vocabulary: the drafter does not start.
+    // A target tokenizer with another vocabulary that does not give back
+    // its text (three tokens cannot spell a chat): the drafter does not
+    // start, and says why it cannot draft through text either.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("tokenizer.json"), FOREIGN_TOKENIZER).unwrap();
     let mut cfg = config();
@@ -166,6 +168,10 @@ async fn a_self_draft_serves_and_a_foreign_tokenizer_is_refused_at_startup() {
         "{msg}"
     );
     assert!(msg.contains("but the target's has 3"), "{msg}");
+    assert!(
+        msg.contains("cannot draft through text") && msg.contains("does not give back"),
+        "{msg}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
