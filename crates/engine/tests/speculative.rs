@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use specmesh_draft::{DraftContext, Drafter, Feedback};
 use specmesh_engine::{
-    PrefillChunk, Session, SessionLimits, generate, step_batch, step_batch_fused,
+    FusedStep, PrefillChunk, Session, SessionLimits, generate, step_batch, step_batch_fused,
 };
 use specmesh_model::{LoadOptions, Model};
 use specmesh_sampling::SamplingParams;
@@ -219,6 +219,23 @@ fn a_prefill_in_chunks_decodes_exactly_as_one_in_a_piece() {
     }
 }
 
+/// One plain step of `decoding` with a 7-token chunk of `arriving`'s
+/// prefill in its forward.
+fn ride(m: &Model, decoding: &mut Session, arriving: &mut Session) -> FusedStep {
+    let vocab = m.config().vocab_size as u32;
+    let tree = TokenTree::root_only(decoding.root(), TreeLimits::new(1, 0, vocab)).unwrap();
+    step_batch_fused(
+        m,
+        &mut [(decoding, &tree)],
+        Some(PrefillChunk {
+            session: arriving,
+            max_tokens: 7,
+        }),
+        0,
+    )
+    .unwrap()
+}
+
 #[test]
 fn a_prefill_riding_in_other_sessions_steps_decodes_as_alone() {
     let m = model();
@@ -235,17 +252,7 @@ fn a_prefill_riding_in_other_sessions_steps_decodes_as_alone() {
     let mut chunks = 0;
     while arriving.prefill_left() > 0 {
         let left = arriving.prefill_left();
-        let tree = TokenTree::root_only(decoding.root(), TreeLimits::new(1, 0, vocab)).unwrap();
-        let fused = step_batch_fused(
-            m,
-            &mut [(&mut decoding, &tree)],
-            Some(PrefillChunk {
-                session: &mut arriving,
-                max_tokens: 7,
-            }),
-            0,
-        )
-        .unwrap();
+        let fused = ride(m, &mut decoding, &mut arriving);
         assert_eq!(fused.prefilled, left.min(7));
         assert_eq!(arriving.prefill_left(), left - fused.prefilled);
         out_a.extend(&fused.steps[0].committed);
@@ -253,17 +260,7 @@ fn a_prefill_riding_in_other_sessions_steps_decodes_as_alone() {
     }
     assert!(chunks > 1, "the prompt took several chunks");
     // A complete prefill adds nothing to a forward.
-    let tree = TokenTree::root_only(decoding.root(), TreeLimits::new(1, 0, vocab)).unwrap();
-    let fused = step_batch_fused(
-        m,
-        &mut [(&mut decoding, &tree)],
-        Some(PrefillChunk {
-            session: &mut arriving,
-            max_tokens: 7,
-        }),
-        0,
-    )
-    .unwrap();
+    let fused = ride(m, &mut decoding, &mut arriving);
     assert_eq!(fused.prefilled, 0);
     out_a.extend(&fused.steps[0].committed);
     let mut out_b: Vec<u32> = Vec::new();

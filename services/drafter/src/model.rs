@@ -83,7 +83,15 @@ pub struct DraftModel {
     slots: Arc<Semaphore>,
     /// Set when the draft model's vocabulary is not the target's: it
     /// drafts through text for the target tokenizer given at start.
-    bridge: Option<Arc<TextBridge>>,
+    bridge: Option<Bridged>,
+}
+
+/// The text bridge and the fingerprint of its target tokenizer (computed
+/// once at load: it hashes the whole vocabulary).
+#[derive(Debug, Clone)]
+struct Bridged {
+    bridge: Arc<TextBridge>,
+    target_fingerprint: u64,
 }
 
 /// What the draft model's forwards cost, measured once at load.
@@ -178,7 +186,10 @@ impl DraftModel {
                     why = %mismatch,
                     "the draft model's vocabulary is not the target's: drafting through text"
                 );
-                bridge = Some(Arc::new(b));
+                bridge = Some(Bridged {
+                    target_fingerprint: b.target().vocab_fingerprint(),
+                    bridge: Arc::new(b),
+                });
             }
         }
         if bridge.is_none() && cfg.target_tokenizer.is_some() {
@@ -224,7 +235,7 @@ impl DraftModel {
 
     /// The text bridge, when the draft model drafts through text.
     pub fn bridge(&self) -> Option<&Arc<TextBridge>> {
-        self.bridge.as_ref()
+        self.bridge.as_ref().map(|b| &b.bridge)
     }
 
     /// What its forwards cost, when measured.
@@ -234,26 +245,13 @@ impl DraftModel {
 
     /// Refuses a target whose vocabulary is not the draft model's: another
     /// size (`vocab`, the target's logits) or, when the verifier sent one,
-    /// another fingerprint.
+    /// another fingerprint. Drafting through text, the target must be the
+    /// tokenizer given at start instead: its fingerprint, and at least its
+    /// ids in the target's logits.
     pub fn check_target(&self, target: &TargetModel, vocab: u32) -> Result<(), ModelRefusal> {
-        if let Some(b) = &self.bridge {
-            return self.check_bridged(b.target(), target, vocab);
-        }
-        let draft_vocab = self.model.config().vocab_size;
-        let why = if draft_vocab != vocab as usize {
-            Some(format!(
-                "{draft_vocab} tokens in the draft model, {vocab} in the target"
-            ))
-        } else {
-            target
-                .vocab_fingerprint
-                .filter(|&f| f != self.vocab_fingerprint)
-                .map(|f| {
-                    format!(
-                        "vocabulary fingerprint {:016x} in the draft model, {f:016x} in the target",
-                        self.vocab_fingerprint
-                    )
-                })
+        let why = match &self.bridge {
+            Some(b) => self.bridged_mismatch(b, target, vocab),
+            None => self.vocab_mismatch(target, vocab),
         };
         match why {
             None => Ok(()),
@@ -265,35 +263,37 @@ impl DraftModel {
         }
     }
 
-    /// Drafting through text, the target must be the tokenizer given at
-    /// start: its fingerprint, when the verifier sent one, and at least its
-    /// ids in the target's logits.
-    fn check_bridged(
-        &self,
-        bridged: &Tokenizer,
-        target: &TargetModel,
-        vocab: u32,
-    ) -> Result<(), ModelRefusal> {
-        let expected = bridged.vocab_fingerprint();
-        let why = match target.vocab_fingerprint {
-            Some(f) if f != expected => Some(format!(
+    fn vocab_mismatch(&self, target: &TargetModel, vocab: u32) -> Option<String> {
+        let draft_vocab = self.model.config().vocab_size;
+        if draft_vocab != vocab as usize {
+            return Some(format!(
+                "{draft_vocab} tokens in the draft model, {vocab} in the target"
+            ));
+        }
+        target
+            .vocab_fingerprint
+            .filter(|&f| f != self.vocab_fingerprint)
+            .map(|f| {
+                format!(
+                    "vocabulary fingerprint {:016x} in the draft model, {f:016x} in the target",
+                    self.vocab_fingerprint
+                )
+            })
+    }
+
+    fn bridged_mismatch(&self, b: &Bridged, target: &TargetModel, vocab: u32) -> Option<String> {
+        match target.vocab_fingerprint {
+            Some(f) if f != b.target_fingerprint => Some(format!(
                 "this drafter drafts through text for the target tokenizer given with \
-                 --target-tokenizer (vocabulary fingerprint {expected:016x}), the target's is {f:016x}"
+                 --target-tokenizer (vocabulary fingerprint {:016x}), the target's is {f:016x}",
+                b.target_fingerprint
             )),
-            _ if (vocab as usize) < bridged.vocab_size() => Some(format!(
+            _ if (vocab as usize) < b.bridge.target().vocab_size() => Some(format!(
                 "the target's logits cover {vocab} tokens, the target tokenizer given with \
                  --target-tokenizer has {}",
-                bridged.vocab_size()
+                b.bridge.target().vocab_size()
             )),
             _ => None,
-        };
-        match why {
-            None => Ok(()),
-            Some(why) => Err(ModelRefusal::Vocab {
-                draft: self.name.clone(),
-                target: target.display_name().to_owned(),
-                why,
-            }),
         }
     }
 
