@@ -16,6 +16,11 @@ use specmesh_proto::v1;
 /// planner grant the draft model's trees while the test runs.
 const FLAT_CURVE: &str = "1:1,2:1.01,4:1.02,8:1.04,16:1.08,32:1.16,64:1.32";
 
+/// The two tests take turns: two 1.5B meshes on the same two cores slow
+/// each other's forwards, and the policy prices the draft model against
+/// what it measures.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn mesh() -> Mesh {
     Mesh::start_model_with_draft(
         std::path::Path::new("qwen2.5-coder-1.5b"),
@@ -48,6 +53,7 @@ fn drafter_metric(mesh: &Mesh, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_drafting_through_text_keeps_the_1_5b_greedy_output() {
+    let _turn = SERIAL.lock().await;
     let mesh = mesh();
     let mut client = mesh.client().await;
     let (mut drafted, mut accepted) = (0u64, 0u64);
@@ -81,6 +87,7 @@ async fn smollm2_drafting_through_text_keeps_the_1_5b_greedy_output() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampling_with_smollm2_drafting_through_text_follows_the_1_5b() {
+    let _turn = SERIAL.lock().await;
     const SEEDS: u64 = 40;
     const TOKENS: u32 = 3;
     let mesh = mesh();
