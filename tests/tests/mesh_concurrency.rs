@@ -12,7 +12,6 @@ use specmesh_e2e::mesh::{
 };
 use specmesh_e2e::stats::{chi2_999, homogeneity};
 use specmesh_proto::v1;
-use specmesh_proto::v1::generation_client::GenerationClient;
 
 /// Every request at once; the token ids of each answer, in order.
 async fn all_at_once(gateway: &str, requests: Vec<v1::GenerateRequest>) -> Vec<Vec<u32>> {
