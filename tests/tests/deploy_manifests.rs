@@ -4,7 +4,9 @@
 //! field does not), every Deployment is probed over gRPC on its plaintext
 //! health port, runs unprivileged on a read-only root filesystem and is
 //! sized, the gateway finds verifiers and drafters through headless
-//! Services by `dns:///` names, the alert rules pass promtool's check and
+//! Services by `dns:///` names, every pod that reads a model fetches it
+//! (a drafter with a draft model the verifiers' model too, for its
+//! tokenizer), the alert rules pass promtool's check and
 //! unit tests, the dashboard and the alerts name only metrics the services
 //! define, and the Dockerfile passes hadolint. The transport and
 //! authentication wiring is checked in `deploy_security.rs`; the tools are
