@@ -57,6 +57,9 @@ pub struct StartSpec {
     /// The caller's predicted output; every token below `vocab`; may be
     /// empty.
     pub prediction: Vec<u32>,
+    /// The session's output ends within this many tokens past
+    /// `prompt_len`; `None`: unknown.
+    pub max_new_tokens: Option<usize>,
 }
 
 /// The verifier's target model, as a drafter checks its draft model
@@ -152,6 +155,7 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             batch_size,
             first_step,
             prediction,
+            max_new_tokens,
         } = start;
         check_id("start.session_id", &session_id)?;
         check_id("start.tenant", &tenant)?;
@@ -233,6 +237,7 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             batch_size: (batch_size as usize).max(1),
             first_step,
             prediction,
+            max_new_tokens: (max_new_tokens > 0).then_some(max_new_tokens as usize),
         })
     }
 }

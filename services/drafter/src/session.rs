@@ -189,6 +189,8 @@ pub struct DraftSession {
     tenant: TenantKey,
     vocab: u32,
     prompt_len: usize,
+    /// The request's output limit past `prompt_len`, if the verifier said.
+    max_new_tokens: Option<usize>,
     max_context: usize,
     max_draft_tokens: usize,
     max_depth: usize,
@@ -273,6 +275,7 @@ impl DraftSession {
             tenant: spec.tenant,
             vocab: spec.vocab,
             prompt_len: spec.prompt_len,
+            max_new_tokens: spec.max_new_tokens,
             max_context,
             max_draft_tokens: spec.max_draft_tokens,
             max_depth: spec.max_depth,
@@ -475,6 +478,9 @@ impl DraftSession {
             batch.max(1)
         };
         self.arms.set_grant_cap(self.node_budget);
+        let output = self.context.len().saturating_sub(self.prompt_len);
+        self.arms
+            .set_tokens_left(self.max_new_tokens.map(|m| m.saturating_sub(output)));
         let (arm, decided, steps) = self.arms.decide_run(priced_for, max_steps);
         let budget = Budget {
             max_nodes: decided.budget.max_nodes.min(self.max_draft_tokens + 1),

@@ -319,6 +319,16 @@ mod tests {
     }
 
     #[test]
+    fn the_output_limit_is_known_only_when_sent() {
+        assert_eq!(start(wire_start(), 100).unwrap().max_new_tokens, None);
+        let limited = v1::DraftStart {
+            max_new_tokens: 96,
+            ..wire_start()
+        };
+        assert_eq!(start(limited, 100).unwrap().max_new_tokens, Some(96));
+    }
+
+    #[test]
     fn a_good_start_becomes_a_spec_with_the_default_curve() {
         let s = start(wire_start(), 100).unwrap();
         assert!(s.sampling.is_greedy(), "an unset sampling is greedy");

@@ -287,6 +287,7 @@ fn draft_start(
             + usize::from(first_step == 0)) as u32,
         first_step,
         prediction: plan.prediction.clone(),
+        max_new_tokens: u32::try_from(run.max_new_tokens).unwrap_or(u32::MAX),
     }
 }
 

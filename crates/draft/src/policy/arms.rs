@@ -26,8 +26,12 @@
 //! steps). An arm is only chosen, or explored, when its advantage repays
 //! that within [`Arms::HORIZON`] steps, so a long prompt (retrieval,
 //! summarization) is not prefilled twice for a few tokens of gain. A draft model that costs nearly a verify step per level
-//! is then never tried at all, sparing the session its prefill. Both
-//! rules are deterministic, like the policy's own probing.
+//! is then never tried at all, sparing the session its prefill. A session
+//! that will end sooner ([`Arms::set_tokens_left`]: its output is close to
+//! the request's `max_new_tokens`) has fewer steps to repay a switch in:
+//! the horizon is then the steps its tokens left take at the best arm's
+//! expected tokens per step. Both rules are deterministic, like the
+//! policy's own probing.
 
 use super::{CostCurve, Decision, PolicyConfig, PolicyError, SpecPolicy};
 
@@ -99,6 +103,8 @@ pub struct Arms {
     decided: Vec<u64>,
     /// What using each arm next costs once, in plain steps.
     switch_cost: Vec<f64>,
+    /// Tokens the session may still commit; `None`: unknown.
+    tokens_left: Option<usize>,
 }
 
 impl Arms {
@@ -120,6 +126,28 @@ impl Arms {
         {
             self.switch_cost[i] = plain_steps;
         }
+    }
+
+    /// The session may commit at most `tokens` more (`None`: unknown),
+    /// which bounds the steps a switch has to repay its cost in.
+    pub fn set_tokens_left(&mut self, tokens: Option<usize>) {
+        self.tokens_left = tokens;
+    }
+
+    /// Steps within which a switch must repay its cost at batch `batch`:
+    /// [`Arms::HORIZON`], or fewer when the session ends sooner (its tokens
+    /// left over the most any arm expects to commit per step).
+    fn horizon(&self, batch: usize) -> f64 {
+        let Some(left) = self.tokens_left else {
+            return Self::HORIZON;
+        };
+        let per_step = self
+            .arms
+            .iter()
+            .map(|(_, p)| p.best(batch).expected_tokens)
+            .filter(|t| t.is_finite())
+            .fold(1.0, f64::max);
+        (left as f64 / per_step).clamp(1.0, Self::HORIZON)
     }
 
     /// A policy per arm of `arms` (at least one, no repeats), all on the
@@ -148,6 +176,7 @@ impl Arms {
             used: vec![0; list.len()],
             decided: vec![0; list.len()],
             switch_cost: vec![0.0; list.len()],
+            tokens_left: None,
             arms: list,
         })
     }
@@ -209,7 +238,8 @@ impl Arms {
         }
         // Each arm's expected speed-up, less its switch cost spread over
         // the horizon.
-        let amortised = |i: usize| self.switch_cost[i] / Self::HORIZON;
+        let horizon = self.horizon(batch);
+        let amortised = |i: usize| self.switch_cost[i] / horizon;
         let speedups: Vec<f64> = self
             .arms
             .iter()
@@ -324,6 +354,37 @@ mod tests {
         assert_eq!(a.decide_run(1, 1).0, Arm::Combined);
         a.set_switch_cost(Arm::Combined, f64::NAN);
         assert_eq!(a.switch_cost[1], 1.0);
+    }
+
+    #[test]
+    fn a_session_near_its_end_does_not_switch() {
+        let fresh = || {
+            let mut a = arms(&[Arm::ModelFree, Arm::Combined]);
+            train(&mut a, Arm::ModelFree, 0.5);
+            train(&mut a, Arm::Combined, 0.9);
+            a.policy_mut(Arm::Combined).unwrap().set_level_cost(0.05);
+            // Catching the model up: 4 plain steps' worth.
+            a.set_switch_cost(Arm::Combined, 4.0);
+            // The untried first arm goes first.
+            assert_eq!(a.decide_run(1, 1).0, Arm::ModelFree);
+            a
+        };
+        // With the end unknown (or far), the better arm repays its switch.
+        let mut a = fresh();
+        assert_eq!(a.decide_run(1, 1).0, Arm::Combined);
+        let mut a = fresh();
+        a.set_tokens_left(Some(1000));
+        assert_eq!(a.decide_run(1, 1).0, Arm::Combined);
+        // A dozen tokens left: two steps at the model's pace, too few to
+        // repay 4 plain steps.
+        let mut a = fresh();
+        a.set_tokens_left(Some(12));
+        for _ in 0..40 {
+            assert_eq!(a.decide_run(1, 1).0, Arm::ModelFree);
+        }
+        // Once caught up, a switch costs nothing and the better arm wins.
+        a.set_switch_cost(Arm::Combined, 0.0);
+        assert_eq!(a.decide_run(1, 1).0, Arm::Combined);
     }
 
     #[test]

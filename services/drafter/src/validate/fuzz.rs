@@ -67,8 +67,9 @@ fn any_start() -> impl Strategy<Value = v1::DraftStart> {
             any::<u64>(),
         ),
         prop::collection::vec(prop_oneof![0u32..300, any::<u32>()], 0..40),
+        any::<u32>(),
     )
-        .prop_map(|(ids, context, drafting, target, prediction)| {
+        .prop_map(|(ids, context, drafting, target, prediction, max_new_tokens)| {
             let (session_id, epoch, tenant) = ids;
             let (tokens, prompt_len, vocab_size) = context;
             let (max_draft_tokens, max_depth, cost_curve, sampling, sources) = drafting;
@@ -97,6 +98,7 @@ fn any_start() -> impl Strategy<Value = v1::DraftStart> {
                 batch_size,
                 first_step,
                 prediction,
+                max_new_tokens,
             }
         })
 }
