@@ -252,7 +252,11 @@ fn pods_fetch_the_models_they_read() {
                 "/models",
                 "{name}: the fetch reads the pod's ConfigMap"
             );
-            assert_eq!(setting(config, "SPECMESH_MODEL_CACHE"), Some("/models"), "{name}");
+            assert_eq!(
+                setting(config, "SPECMESH_MODEL_CACHE"),
+                Some("/models"),
+                "{name}"
+            );
             let mounted = |c: &Value| {
                 c["volumeMounts"]
                     .as_array()
@@ -265,7 +269,10 @@ fn pods_fetch_the_models_they_read() {
             assert_eq!(mounted(fetch)["name"], "models", "{name}");
             let m = mounted(container);
             assert_eq!(m["name"], "models", "{name}");
-            assert_eq!(m["readOnly"], true, "{name}: the service cannot write its models");
+            assert_eq!(
+                m["readOnly"], true,
+                "{name}: the service cannot write its models"
+            );
             assert_eq!(
                 deployment["spec"]["template"]["metadata"]["labels"]["specmesh.dev/model-fetch"],
                 "true",

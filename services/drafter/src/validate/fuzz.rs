@@ -69,38 +69,40 @@ fn any_start() -> impl Strategy<Value = v1::DraftStart> {
         prop::collection::vec(prop_oneof![0u32..300, any::<u32>()], 0..40),
         any::<u32>(),
     )
-        .prop_map(|(ids, context, drafting, target, prediction, max_new_tokens)| {
-            let (session_id, epoch, tenant) = ids;
-            let (tokens, prompt_len, vocab_size) = context;
-            let (max_draft_tokens, max_depth, cost_curve, sampling, sources) = drafting;
-            let (
-                target_model,
-                target_vocab_fingerprint,
-                target_step_seconds,
-                batch_size,
-                first_step,
-            ) = target;
-            v1::DraftStart {
-                session_id,
-                epoch,
-                tenant,
-                tokens,
-                prompt_len,
-                vocab_size,
-                max_draft_tokens,
-                max_depth,
-                cost_curve,
-                sampling,
-                sources,
-                target_model,
-                target_vocab_fingerprint,
-                target_step_seconds,
-                batch_size,
-                first_step,
-                prediction,
-                max_new_tokens,
-            }
-        })
+        .prop_map(
+            |(ids, context, drafting, target, prediction, max_new_tokens)| {
+                let (session_id, epoch, tenant) = ids;
+                let (tokens, prompt_len, vocab_size) = context;
+                let (max_draft_tokens, max_depth, cost_curve, sampling, sources) = drafting;
+                let (
+                    target_model,
+                    target_vocab_fingerprint,
+                    target_step_seconds,
+                    batch_size,
+                    first_step,
+                ) = target;
+                v1::DraftStart {
+                    session_id,
+                    epoch,
+                    tenant,
+                    tokens,
+                    prompt_len,
+                    vocab_size,
+                    max_draft_tokens,
+                    max_depth,
+                    cost_curve,
+                    sampling,
+                    sources,
+                    target_model,
+                    target_vocab_fingerprint,
+                    target_step_seconds,
+                    batch_size,
+                    first_step,
+                    prediction,
+                    max_new_tokens,
+                }
+            },
+        )
 }
 
 fn any_outcome() -> impl Strategy<Value = v1::StepOutcome> {
