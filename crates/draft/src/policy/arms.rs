@@ -134,17 +134,16 @@ impl Arms {
         self.tokens_left = tokens;
     }
 
-    /// Steps within which a switch must repay its cost at batch `batch`:
-    /// [`Arms::HORIZON`], or fewer when the session ends sooner (its tokens
-    /// left over the most any arm expects to commit per step).
-    fn horizon(&self, batch: usize) -> f64 {
+    /// Steps within which a switch must repay its cost: [`Arms::HORIZON`],
+    /// or fewer when the session ends sooner (its tokens left over the
+    /// most any arm's best budget expects to commit per step, `bests`).
+    fn horizon(&self, bests: &[Decision]) -> f64 {
         let Some(left) = self.tokens_left else {
             return Self::HORIZON;
         };
-        let per_step = self
-            .arms
+        let per_step = bests
             .iter()
-            .map(|(_, p)| p.best(batch).expected_tokens)
+            .map(|d| d.expected_tokens)
             .filter(|t| t.is_finite())
             .fold(1.0, f64::max);
         (left as f64 / per_step).clamp(1.0, Self::HORIZON)
@@ -238,13 +237,13 @@ impl Arms {
         }
         // Each arm's expected speed-up, less its switch cost spread over
         // the horizon.
-        let horizon = self.horizon(batch);
+        let bests: Vec<Decision> = self.arms.iter().map(|(_, p)| p.best(batch)).collect();
+        let horizon = self.horizon(&bests);
         let amortised = |i: usize| self.switch_cost[i] / horizon;
-        let speedups: Vec<f64> = self
-            .arms
+        let speedups: Vec<f64> = bests
             .iter()
             .enumerate()
-            .map(|(i, (_, p))| p.best(batch).expected_speedup() - amortised(i))
+            .map(|(i, d)| d.expected_speedup() - amortised(i))
             .collect();
         // The others' estimates (an untried arm's rests on its prior).
         let best_other = |except: usize| {
