@@ -109,7 +109,26 @@ impl Mesh {
         args: &[String],
         env: &[(&str, &str)],
     ) -> Mesh {
-        let mut cmd = Command::new(specmesh_bin());
+        Mesh::start_up_in(None, model, cost_curve, args, env)
+    }
+
+    /// [`Mesh::start_up`] in the network namespace `netns` (`ip netns
+    /// exec`), when given: the gateway is then reached from inside it.
+    pub fn start_up_in(
+        netns: Option<&str>,
+        model: &std::path::Path,
+        cost_curve: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Mesh {
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(specmesh_bin());
+                c
+            }
+            None => Command::new(specmesh_bin()),
+        };
         cmd.args(["up", "--listen", "127.0.0.1:0"])
             .args(args)
             .arg("--model")

@@ -13,6 +13,8 @@ use anyhow::{Context, Result, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::link::{DelayProxy, LinkArgs};
+
 /// A running service process.
 #[derive(Debug)]
 pub struct Service {
@@ -40,8 +42,27 @@ impl Service {
     /// `NAME listening on ADDR` line on stdout. Its stderr (logs) is
     /// inherited.
     pub async fn start(name: &'static str, args: &[String], timeout: Duration) -> Result<Service> {
+        Service::start_in(None, name, args, timeout).await
+    }
+
+    /// [`Service::start`] in the network namespace `netns` (`ip netns exec`,
+    /// which execs the service in place: the pid, and the parent-death
+    /// signal, stay the service's).
+    pub async fn start_in(
+        netns: Option<&str>,
+        name: &'static str,
+        args: &[String],
+        timeout: Duration,
+    ) -> Result<Service> {
         let bin = binary(name);
-        let mut cmd = Command::new(&bin);
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
         // Linux: the service dies with its launcher, even a killed one, so
         // no orphan keeps a port or a model in memory.
         #[cfg(target_os = "linux")]
@@ -182,12 +203,41 @@ pub async fn wait_healthy(url: &str, timeout: Duration) -> Result<()> {
     }
 }
 
+/// The median of `n` health-check round trips to `url` over one
+/// connection: what a unary call to a drafter behind a delay proxy costs.
+pub async fn measure_rtt(url: &str, n: usize) -> Result<Duration> {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())?
+        .connect()
+        .await
+        .with_context(|| format!("dialing {url}"))?;
+    let mut client = HealthClient::new(channel);
+    let mut times = Vec::with_capacity(n);
+    for _ in 0..n.max(1) {
+        let t0 = std::time::Instant::now();
+        client
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await?;
+        times.push(t0.elapsed());
+    }
+    times.sort();
+    Ok(times[times.len() / 2])
+}
+
 /// The started system: verifiers, drafters and the gateway in front of them.
 #[derive(Debug)]
 pub struct Mesh {
     pub verifiers: Vec<Service>,
     pub drafters: Vec<Service>,
     pub gateway: Service,
+    /// The delay proxies in front of the drafters (one each, in order),
+    /// when the layout adds a round trip or another namespace.
+    pub proxies: Vec<DelayProxy>,
+    /// The URL the rest of the mesh dials each drafter at (in order): its
+    /// proxy's when it has one.
+    pub dialed: Vec<String>,
 }
 
 /// What [`Mesh::start`] starts.
@@ -212,6 +262,9 @@ pub struct Layout {
     pub drafter_threads: Option<usize>,
     /// The drafters draft the draft model's trees ahead (`--draft-ahead`).
     pub draft_ahead: bool,
+    /// Where the drafters run and what lies between them and the rest
+    /// (see [`crate::link`]).
+    pub link: LinkArgs,
     /// Every service serves Prometheus metrics on a free loopback port.
     pub metrics: bool,
     /// The gateway serves its OpenAI-compatible HTTP front on a free
@@ -237,10 +290,12 @@ impl Mesh {
             drafter_cpus,
             drafter_threads,
             draft_ahead,
+            link,
             metrics,
             http,
             timeout,
         } = layout;
+        let proxy_rtt = link.proxy_rtt()?;
         let metrics_args = || -> Vec<String> {
             if metrics {
                 vec!["--metrics-listen".into(), "127.0.0.1:0".into()]
@@ -251,7 +306,9 @@ impl Mesh {
         anyhow::ensure!(verifiers >= 1, "`--verifiers` must be >= 1");
         let model_arg = model.display().to_string();
         let mut ds = Vec::new();
-        let mut drafter_args: Vec<String> = vec!["--listen".into(), "127.0.0.1:0".into()];
+        let mut proxies = Vec::new();
+        let listen_at = std::net::SocketAddr::new(link.host(), 0).to_string();
+        let mut drafter_args: Vec<String> = vec!["--listen".into(), listen_at];
         if let Some(d) = &draft_model {
             drafter_args.extend([
                 "--draft-model".into(),
@@ -269,11 +326,41 @@ impl Mesh {
         if let Some(c) = &drafter_cpus {
             drafter_args.extend(["--cpus".into(), c.clone()]);
         }
-        drafter_args.extend(metrics_args());
-        for _ in 0..drafters {
-            ds.push(Service::start("specmesh-drafter", &drafter_args, timeout).await?);
+        if metrics {
+            // In another namespace, its loopback is not this side's.
+            let at = std::net::SocketAddr::new(link.host(), 0);
+            drafter_args.extend(["--metrics-listen".into(), at.to_string()]);
         }
-        let drafter_urls = ds.iter().map(Service::url).collect::<Vec<_>>().join(",");
+        let netns = link.drafter_netns.as_deref();
+        for _ in 0..drafters {
+            let d = Service::start_in(netns, "specmesh-drafter", &drafter_args, timeout).await?;
+            if let Some(rtt) = proxy_rtt {
+                let upstream = crate::link::resolve(&d.addr)
+                    .with_context(|| format!("the drafter's address {}", d.addr))?;
+                let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+                let p = DelayProxy::start(loopback, upstream, rtt)
+                    .context("starting the drafter's delay proxy")?;
+                println!(
+                    "specmesh-drafter {} reached through {} (+{:.1} ms round trip)",
+                    d.addr,
+                    p.addr(),
+                    rtt.as_secs_f64() * 1e3
+                );
+                proxies.push(p);
+            }
+            ds.push(d);
+        }
+        // What the rest of the mesh dials each drafter at: its proxy's
+        // address when it has one.
+        let dialed: Vec<String> = if proxies.is_empty() {
+            ds.iter().map(Service::url).collect()
+        } else {
+            proxies
+                .iter()
+                .map(|p| format!("http://{}", p.addr()))
+                .collect()
+        };
+        let drafter_urls = dialed.join(",");
         let mut vs = Vec::new();
         for _ in 0..verifiers {
             let mut args = vec![
@@ -304,20 +391,25 @@ impl Mesh {
             vs.iter().map(Service::url).collect::<Vec<_>>().join(","),
         ];
         if !ds.is_empty() {
-            args.extend(["--drafters".into(), drafter_urls]);
+            args.extend(["--drafters".into(), drafter_urls.clone()]);
         }
         args.extend(metrics_args());
         if http {
             args.extend(["--http-listen".into(), "127.0.0.1:0".into()]);
         }
         let gateway = Service::start("specmesh-gateway", &args, timeout).await?;
-        for s in vs.iter().chain(&ds).chain([&gateway]) {
-            wait_healthy(&s.url(), timeout).await?;
+        // A drafter in another namespace is reachable only through its
+        // proxy, which its health check then crosses too.
+        let urls = vs.iter().map(Service::url).chain(dialed.iter().cloned());
+        for url in urls.chain([gateway.url()]) {
+            wait_healthy(&url, timeout).await?;
         }
         Ok(Mesh {
             verifiers: vs,
             drafters: ds,
             gateway,
+            proxies,
+            dialed,
         })
     }
 

@@ -20,7 +20,7 @@
 //! them from here: the model flags and loading ([`local`]), prompt encoding
 //! and plain decoding ([`generation`]), dialing the gateway ([`grpc`]), and
 //! starting the services on loopback ([`launch`], the crate's only unsafe
-//! code). Between the benchmarks: tables (`table`), percentiles
+//! code) and the drafters as a separate host behind a delay ([`link`]). Between the benchmarks: tables (`table`), percentiles
 //! (`percentile`) and plots (`svg`).
 
 #![deny(unsafe_code)]
@@ -34,6 +34,7 @@ pub mod generation;
 pub mod grpc;
 #[allow(unsafe_code)]
 pub mod launch;
+pub mod link;
 mod llama_cpp;
 pub mod local;
 mod percentile;

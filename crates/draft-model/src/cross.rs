@@ -367,6 +367,11 @@ impl CrossVocabDrafter {
     pub fn cached_len(&self) -> usize {
         self.inner.cached_len()
     }
+
+    /// See [`ModelDrafter::cancel_handle`].
+    pub fn cancel_handle(&self) -> crate::Cancel {
+        self.inner.cancel_handle()
+    }
 }
 
 impl Drafter for CrossVocabDrafter {

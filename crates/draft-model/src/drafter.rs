@@ -22,6 +22,7 @@
 //! next propose finds its K/V already there.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use specmesh_draft::{DraftContext, Drafter};
 use specmesh_model::{Block, BlockError, Model, ModelError, Sequence};
@@ -73,6 +74,29 @@ impl DraftOptions {
     }
 }
 
+/// Stops a propose before its next tree level: another thread (the one
+/// that received the outcome a guess drafted ahead was waiting for) sets
+/// it, the drafter reads it between levels and keeps the tree grown so
+/// far. Clones share the flag.
+#[derive(Clone, Debug, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    /// Stops the propose under way (or the next one) after its level.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Lets proposes grow whole trees again.
+    pub fn reset(&self) {
+        self.0.store(false, Ordering::Release);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
 /// Counters for metrics and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DrafterStats {
@@ -86,6 +110,8 @@ pub struct DrafterStats {
     pub tree_tokens: u64,
     /// Proposes that fell back to the root alone after a model error.
     pub errors: u64,
+    /// Proposes stopped by their [`Cancel`] before their last level.
+    pub cancelled: u64,
     /// Drafting through text ([`crate::CrossVocabDrafter`]): nanoseconds
     /// spent mapping between the vocabularies, and target tokens dropped
     /// where a draft's text ended inside one.
@@ -109,6 +135,8 @@ pub struct ModelDrafter {
     /// Proposes so far; keys the sampling uniforms.
     step: u64,
     stats: DrafterStats,
+    /// Read between tree levels; see [`Cancel`].
+    cancel: Cancel,
 }
 
 /// Weight of a new node in the running rank estimate.
@@ -147,7 +175,13 @@ impl ModelDrafter {
             rank_probs: Vec::new(),
             step: 0,
             stats: DrafterStats::default(),
+            cancel: Cancel::default(),
         })
+    }
+
+    /// The flag that stops this drafter's proposes between levels.
+    pub fn cancel_handle(&self) -> Cancel {
+        self.cancel.clone()
     }
 
     pub fn stats(&self) -> DrafterStats {
@@ -234,6 +268,10 @@ impl ModelDrafter {
             }
             let to_expand = self.worth_expanding(&tree, &children, below);
             if to_expand.is_empty() {
+                break;
+            }
+            if self.cancel.is_cancelled() {
+                self.stats.cancelled += 1;
                 break;
             }
             match self.forward_level(&mut tree, &to_expand) {

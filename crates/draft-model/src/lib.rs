@@ -23,6 +23,6 @@ mod error;
 mod vocab;
 
 pub use cross::{BridgeError, CrossVocabDrafter, TextBridge, TextMap};
-pub use drafter::{DraftOptions, DrafterStats, ModelDrafter};
+pub use drafter::{Cancel, DraftOptions, DrafterStats, ModelDrafter};
 pub use error::DraftModelError;
 pub use vocab::{VocabMismatch, check_pieces, check_vocab};

@@ -158,6 +158,48 @@ fn self_draft_trees_are_valid_and_fill_the_budget() {
     assert_eq!(d.stats().errors, 0);
 }
 
+/// A cancelled propose stops before its next level and keeps what it grew:
+/// the root's children, from the forward that caught the model up, and
+/// nothing below them; once reset, the same context grows a whole tree
+/// whose first level is the one the cancelled propose drafted.
+#[test]
+fn a_cancelled_propose_keeps_the_levels_it_grew() {
+    let Some(f) = fixture() else { return };
+    let draft = Arc::new(f.model.truncated(8).unwrap());
+    let mut d = ModelDrafter::new(
+        draft,
+        SamplingParams::greedy(),
+        vocab(f),
+        DraftOptions::default(),
+    )
+    .unwrap();
+    let tokens = prompt(f);
+    let limits = TreeLimits::new(12, 6, vocab(f));
+    let cancel = d.cancel_handle();
+    cancel.cancel();
+    let cut = d.propose(&ctx(&tokens, tokens.len(), limits));
+    check_shape(&cut, *tokens.last().unwrap(), limits);
+    assert_eq!(
+        cut.max_depth(),
+        1,
+        "a cancelled propose grew past its first level"
+    );
+    assert!(
+        cut.len() > 1,
+        "the first level costs no extra forward: it is kept"
+    );
+    assert_eq!(d.stats().cancelled, 1);
+    cancel.reset();
+    let whole = d.propose(&ctx(&tokens, tokens.len(), limits));
+    check_shape(&whole, *tokens.last().unwrap(), limits);
+    assert!(
+        whole.max_depth() > 1,
+        "reset, the propose still stopped early"
+    );
+    assert_eq!(whole.token(1), cut.token(1));
+    assert_eq!(d.stats().cancelled, 1);
+}
+
 #[test]
 fn full_model_drafts_its_own_greedy_continuation() {
     let Some(f) = fixture() else { return };

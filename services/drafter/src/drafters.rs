@@ -34,7 +34,7 @@ use specmesh_draft::{
     PredictedConfig, PromptLookup, Sources, SuffixConfig, SuffixDrafter, TenantKey, TokenRecycler,
     TokenTree,
 };
-use specmesh_draft_model::{CrossVocabDrafter, DraftOptions, DrafterStats, ModelDrafter};
+use specmesh_draft_model::{Cancel, CrossVocabDrafter, DraftOptions, DrafterStats, ModelDrafter};
 use specmesh_proto::{StartSpec, TargetModel};
 use specmesh_sampling::SamplingParams;
 use specmesh_tree::merge;
@@ -178,6 +178,13 @@ impl SessionModel {
         }
     }
 
+    fn cancel_handle(&self) -> Cancel {
+        match self {
+            SessionModel::Same(m) => m.cancel_handle(),
+            SessionModel::Cross(m) => m.cancel_handle(),
+        }
+    }
+
     /// Context tokens the draft model holds (its own tokens through text:
     /// close enough to price a catch-up).
     fn cached_len(&self) -> usize {
@@ -296,6 +303,12 @@ impl SessionDrafter {
                 self.with_model_tree(Arm::Combined, ctx, drafted)
             }
         }
+    }
+
+    /// What stops the draft model's propose between levels (drafting
+    /// ahead); `None` without a model.
+    pub fn model_cancel(&self) -> Option<Cancel> {
+        self.model.as_ref().map(|(m, _)| m.cancel_handle())
     }
 
     /// The draft model's own tree for `ctx` (drafting ahead); `None`

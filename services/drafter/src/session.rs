@@ -49,6 +49,7 @@
 
 mod ahead;
 mod apply;
+mod deadline;
 mod report;
 
 use std::time::{Duration, Instant};
@@ -204,6 +205,9 @@ pub struct DraftSession {
     arms: Arms,
     /// Seconds of one draft model forward (moving average), once measured.
     forward_secs: Option<f64>,
+    /// The verifier's forward and the link's round trip, as reported and
+    /// measured: how long a guess drafted ahead has (see [`deadline`]).
+    live: deadline::LiveTimes,
     /// The last tree's drafting: seconds, model forwards, context tokens
     /// caught up on.
     last_draft: (f64, u64, u64),
@@ -284,6 +288,7 @@ impl DraftSession {
             node_budget: None,
             arms,
             forward_secs,
+            live: deadline::LiveTimes::starting(spec.target.step_seconds),
             last_draft: (0.0, 0, 0),
             context: spec.tokens,
             awaited: None,
@@ -472,6 +477,7 @@ impl DraftSession {
     /// drafts are worth.
     fn plan_run(&mut self, batch: usize, max_steps: usize) -> (Plan, usize) {
         self.price_switches();
+        self.cap_model_depth(batch);
         let priced_for = if self.node_budget.is_some() {
             1
         } else {
@@ -493,6 +499,23 @@ impl DraftSession {
             budget,
         };
         (plan, steps)
+    }
+
+    /// Caps the model's arms at the depth that reaches the verifier before
+    /// its deadline (see [`deadline`]). Drafting ahead in a batch, a guess
+    /// that holds is ready at the outcome: its depth is bounded as a
+    /// guess's instead, where the batch's short wait would leave none.
+    fn cap_model_depth(&mut self, batch: usize) {
+        let cap = if self.draft_ahead && batch > 1 {
+            None
+        } else {
+            self.live.tree_depth(self.forward_secs)
+        };
+        for &arm in self.drafter.arms() {
+            if arm.uses_model() {
+                self.arms.set_depth_cap(arm, cap);
+            }
+        }
     }
 
     /// Tells the arms what the draft model's catch-up on the context would

@@ -29,6 +29,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use specmesh_draft_model::Cancel;
 use specmesh_proto::v1;
 use specmesh_proto::v1::draft_request::Kind;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
@@ -145,6 +146,11 @@ impl DraftStream {
                     ahead_hits = ahead.hits,
                     ahead_hit_rate = ahead.hit_rate(),
                     ahead_ms = ahead.secs * 1e3,
+                    ahead_cancelled = ahead.cancelled,
+                    ahead_skipped = ahead.skipped,
+                    ahead_max_depth = ahead.max_depth,
+                    verify_forward_ms = session.live_times().0.map(|s| s * 1e3),
+                    link_rtt_ms = session.live_times().1.map(|s| s * 1e3),
                     tree_wait_ms_per_step = tally.tree_wait_us as f64 * 1e-3 / tally.steps.max(1) as f64,
                     "draft session ended"
                 );
@@ -328,30 +334,47 @@ impl DraftStream {
 #[allow(clippy::large_enum_variant)]
 enum Held {
     Here(DraftSession),
-    Ahead(tokio::task::JoinHandle<DraftSession>),
+    Ahead(tokio::task::JoinHandle<DraftSession>, Option<Cancel>),
 }
 
 impl Held {
     /// Starts drafting ahead when the session wants to.
-    fn start(session: DraftSession) -> Held {
+    fn start(mut session: DraftSession) -> Held {
         if !session.wants_ahead() {
+            session.note_no_time_to_guess();
             return Held::Here(session);
         }
+        let cancel = session.ahead_cancel();
         let span = tracing::debug_span!("propose_ahead");
-        Held::Ahead(tokio::task::spawn_blocking(move || {
-            let mut session = session;
-            span.in_scope(|| session.draft_ahead());
-            session
-        }))
+        Held::Ahead(
+            tokio::task::spawn_blocking(move || {
+                let mut session = session;
+                span.in_scope(|| session.draft_ahead());
+                session
+            }),
+            cancel,
+        )
     }
 
-    /// The session, once its guess (if any) is drafted.
+    /// The session, once its guess (if any) is drafted. The outcome it
+    /// guessed at has come, so a guess still growing is late from here
+    /// on: it stops at its next level (`session::deadline`).
     async fn join(self) -> Result<DraftSession, SessionError> {
         match self {
             Held::Here(s) => Ok(s),
-            Held::Ahead(task) => task
-                .await
-                .map_err(|e| SessionError::Internal(format!("draft-ahead worker: {e}"))),
+            Held::Ahead(task, cancel) => {
+                if let Some(c) = &cancel {
+                    c.cancel();
+                }
+                let session = task
+                    .await
+                    .map_err(|e| SessionError::Internal(format!("draft-ahead worker: {e}")));
+                // Trees drafted on an outcome grow whole.
+                if let Some(c) = &cancel {
+                    c.reset();
+                }
+                session
+            }
         }
     }
 }

@@ -57,6 +57,18 @@ pub struct Counters {
     pub batches: AtomicU64,
     /// Batch sizes, forward times and prefilled tokens, for Prometheus.
     pub metrics: crate::metrics::BatchMetrics,
+    /// `--batch-window-us`: with a forward's time, how long the next
+    /// batch waits for missing trees ([`batch_wait`]), which each outcome
+    /// tells the drafter.
+    pub window: Duration,
+}
+
+/// How long a batch waits for the decoding sessions still missing after a
+/// forward of `forward_secs`: see [`MAX_WAIT_FRACTION`].
+fn batch_wait(window: Duration, forward_secs: f64) -> Duration {
+    window.max(Duration::from_secs_f64(
+        MAX_WAIT_FRACTION * forward_secs.max(0.0),
+    ))
 }
 
 pub struct PrefillDone {
@@ -78,6 +90,10 @@ pub struct StepDone {
     /// Drafted nodes the planner expects to grant next step; `None` with
     /// the planner off.
     pub node_budget: Option<u32>,
+    /// Microseconds of the batched forward (0 when it failed).
+    pub forward_us: u32,
+    /// Microseconds the next batch waits for a missing tree.
+    pub batch_wait_us: u32,
 }
 
 // A step job is moved once per step through the channel and its tree is
@@ -109,7 +125,10 @@ pub struct Batcher {
 impl Batcher {
     pub fn start(model: Arc<Model>, config: BatcherConfig, goodput: Goodput) -> Batcher {
         let (tx, rx) = mpsc::channel();
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(Counters {
+            window: config.window,
+            ..Counters::default()
+        });
         let c = Arc::clone(&counters);
         std::thread::Builder::new()
             .name("specmesh-batcher".into())
@@ -247,9 +266,7 @@ fn run(
         // of a forward when that is longer (see `MAX_WAIT_FRACTION`). A
         // waiting prefill's next chunk rides in the same forward, so it
         // waits too while any session decodes (it runs alone after that).
-        let wait = config
-            .window
-            .max(Duration::from_secs_f64(MAX_WAIT_FRACTION * forward_secs));
+        let wait = batch_wait(config.window, forward_secs);
         let deadline = Instant::now() + wait;
         loop {
             let want = counters
@@ -513,6 +530,8 @@ fn verify(
                     node_budget: planned.then(|| planning.node_budget() as u32),
                     planning,
                     granted: grant.granted_wire(),
+                    forward_us: micros(times.forward),
+                    batch_wait_us: micros(batch_wait(counters.window, times.forward).as_secs_f64()),
                 });
             }
         }
@@ -546,7 +565,14 @@ fn verify(
                 planning: job.planning,
                 granted: None,
                 node_budget: None,
+                forward_us: 0,
+                batch_wait_us: 0,
             });
         }
     }
+}
+
+/// Seconds as whole microseconds for the wire (saturating).
+fn micros(secs: f64) -> u32 {
+    (secs * 1e6).round().clamp(0.0, f64::from(u32::MAX)) as u32
 }

@@ -24,6 +24,10 @@ pub struct Report {
     granted: Option<Vec<u32>>,
     /// The planner's forecast for the next tree.
     node_budget: Option<u32>,
+    /// The last step's forward, and how long after it the verifier waits
+    /// for the next tree, in microseconds.
+    forward_us: u32,
+    tree_deadline_us: u32,
 }
 
 impl Report {
@@ -40,7 +44,16 @@ impl Report {
             wait_us: 0,
             granted: None,
             node_budget: None,
+            forward_us: 0,
+            tree_deadline_us: 0,
         }
+    }
+
+    /// The forward that verified the step just added took `us`, and the
+    /// verifier waits `deadline_us` after it for the next tree.
+    pub fn forward(&mut self, us: u32, deadline_us: u32) {
+        self.forward_us = us;
+        self.tree_deadline_us = deadline_us;
     }
 
     /// Adds what a step waited for the drafter's tree.
@@ -95,6 +108,8 @@ impl Report {
             node_budget: self.node_budget,
             pruned: self.granted.is_some(),
             granted: self.granted.unwrap_or_default(),
+            forward_us: self.forward_us,
+            tree_deadline_us: self.tree_deadline_us,
         }
     }
 }

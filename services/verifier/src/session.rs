@@ -186,6 +186,14 @@ async fn drive_inner(
             offered,
             granted: done.granted,
             node_budget: done.node_budget,
+            forward_us: done.forward_us,
+            // While others decode the batch goes on after its wait; alone,
+            // the session's own step waits up to the draft timeout.
+            tree_deadline_us: if done.batch_size > 1 {
+                done.batch_wait_us
+            } else {
+                u32::try_from(v.config.draft_timeout.as_micros()).unwrap_or(u32::MAX)
+            },
         };
         let verified = steps.verified(&step, grant, done.batch_size);
         let reporting = std::time::Instant::now();

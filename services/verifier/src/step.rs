@@ -54,7 +54,8 @@ pub struct Verified {
     pub finished: bool,
 }
 
-/// What the goodput planner made of a step's tree.
+/// What the batch made of a step's tree: the goodput planner's grant, and
+/// how long the forward took.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepGrant {
     /// Drafted nodes the drafter proposed.
@@ -63,6 +64,11 @@ pub struct StepGrant {
     pub granted: Option<Vec<u32>>,
     /// The planner's forecast for the next tree; `None` with it off.
     pub node_budget: Option<u32>,
+    /// Microseconds of the batched forward that verified it.
+    pub forward_us: u32,
+    /// Microseconds after the forward the verifier waits for the next
+    /// tree before going on without it.
+    pub tree_deadline_us: u32,
 }
 
 /// Bounds of a session's trees.
@@ -260,6 +266,7 @@ impl Steps {
         let mut outcome = None;
         if !finished && let Some(r) = self.report.as_mut() {
             r.add(step, grant.offered, grant.granted, grant.node_budget);
+            r.forward(grant.forward_us, grant.tree_deadline_us);
             if r.is_complete() {
                 let r = self.report.take().expect("just added to");
                 outcome = Some(r.into_outcome(batch_size));

@@ -91,6 +91,10 @@ pub struct Args {
     /// drafter has cores of its own, `--drafter-cpus`).
     #[arg(long, requires = "draft_model")]
     draft_ahead: bool,
+    /// With --up: the drafter as a separate host (another network
+    /// namespace, an added round trip; see `tools/bench/netns.sh`).
+    #[command(flatten)]
+    link: crate::link::LinkArgs,
     /// Directory with llama.cpp's `llama-server` (default: where
     /// tools/bench/setup.sh puts it).
     #[arg(long, env = "SPECMESH_PEER_BIN")]
@@ -287,6 +291,7 @@ pub fn run(args: Args) -> Result<()> {
                     drafter_cpus: args.drafter_cpus.clone(),
                     drafter_threads: args.drafter_threads,
                     draft_ahead: args.draft_ahead,
+                    link: args.link.clone(),
                     metrics: false,
                     http: false,
                     timeout: Duration::from_secs(600),
@@ -301,6 +306,18 @@ pub fn run(args: Args) -> Result<()> {
             (None, Some(m)) => m.gateway.url(),
             (None, None) => bail!("pass --gateway URL or --up"),
         };
+        if let Some(m) = &mesh
+            && let Some(p) = m.proxies.first()
+        {
+            let measured = crate::launch::measure_rtt(&format!("http://{}", p.addr()), 21).await?;
+            println!(
+                "drafter link: {} via {}, +{:.1} ms added, health-check round trip {:.2} ms (median of 21)",
+                p.upstream(),
+                args.link.drafter_netns.as_deref().unwrap_or("this namespace"),
+                p.rtt().as_secs_f64() * 1e3,
+                measured.as_secs_f64() * 1e3
+            );
+        }
         let result = bench(&args, &questions, &url, peers).await;
         if let Some(m) = mesh {
             m.stop().await?;

@@ -157,6 +157,7 @@ pub fn run(args: Args) -> Result<()> {
                     drafter_cpus: None,
                     drafter_threads: None,
                     draft_ahead: false,
+                    link: Default::default(),
                     metrics: false,
                     http: transport == Transport::Http,
                     timeout: Duration::from_secs(600),

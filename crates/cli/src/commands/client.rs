@@ -33,6 +33,10 @@ struct Output {
     drafted_tokens: u32,
     accepted_tokens: u32,
     mean_accepted_per_step: f64,
+    /// Seconds the verifier waited for the drafter's trees.
+    tree_wait_seconds: f64,
+    /// Steps whose tree the drafter drafted ahead.
+    drafted_ahead_steps: u32,
     accepted_prediction_tokens: u32,
     rejected_prediction_tokens: u32,
     seconds: f64,
@@ -119,6 +123,8 @@ async fn generate(connection: &Connection, ask: Ask) -> Result<()> {
             drafted_tokens: spec.drafted_tokens,
             accepted_tokens: spec.accepted_tokens,
             mean_accepted_per_step: spec.mean_accepted_per_step,
+            tree_wait_seconds: spec.tree_wait_seconds,
+            drafted_ahead_steps: spec.drafted_ahead_steps,
             accepted_prediction_tokens: usage.accepted_prediction_tokens,
             rejected_prediction_tokens: usage.rejected_prediction_tokens,
             seconds,

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use specmesh_bench::launch::{Layout, Mesh};
+use specmesh_bench::link::LinkArgs;
 use specmesh_bench::local::ModelArgs;
 
 #[derive(clap::Args)]
@@ -47,6 +48,10 @@ pub struct Args {
     /// drafters have cores of their own (`--drafter-cpus`).
     #[arg(long, requires = "draft_model")]
     draft_ahead: bool,
+    /// The drafters as a separate host: another network namespace, an
+    /// added round trip (`tools/bench/netns.sh` makes the namespace).
+    #[command(flatten)]
+    link: LinkArgs,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -64,16 +69,19 @@ pub fn run(args: Args) -> Result<()> {
             drafter_cpus: args.drafter_cpus,
             drafter_threads: args.drafter_threads,
             draft_ahead: args.draft_ahead,
+            link: args.link,
             metrics: true,
             http: false,
             timeout: Duration::from_secs(args.start_timeout_secs),
         })
         .await?;
-        for s in mesh.verifiers.iter().chain(&mesh.drafters) {
+        let verifiers = mesh.verifiers.iter().map(|s| (s, s.url()));
+        let urls = verifiers.chain(mesh.drafters.iter().zip(mesh.dialed.iter().cloned()));
+        for (s, url) in urls {
             println!(
                 "{} at {} (pid {}) metrics {}",
                 s.name,
-                s.url(),
+                url,
                 s.pid().unwrap_or(0),
                 s.metrics.as_deref().unwrap_or("-")
             );

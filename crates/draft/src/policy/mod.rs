@@ -210,6 +210,9 @@ pub struct SpecPolicy {
     /// Drafted nodes the verifier expects to grant (its goodput planner's
     /// forecast): no budget above it is chosen. `usize::MAX`: no cap.
     grant_cap: usize,
+    /// Deepest tree that arrives before the verifier needs it (levels of
+    /// a drafter that pays a forward per level). `usize::MAX`: no cap.
+    depth_cap: usize,
 }
 
 /// Candidate drafted-node counts (root excluded); the cost curve is
@@ -242,6 +245,7 @@ impl SpecPolicy {
             level_cost: 0.0,
             off_streak: 0,
             grant_cap: usize::MAX,
+            depth_cap: usize::MAX,
         })
     }
 
@@ -310,6 +314,18 @@ impl SpecPolicy {
     /// speculation off but for the probes, which keep measuring.
     pub fn set_grant_cap(&mut self, cap: Option<usize>) {
         self.grant_cap = cap.unwrap_or(usize::MAX);
+    }
+
+    /// Caps the depth of the trees chosen at `cap` levels (`None`: no
+    /// cap): deeper trees would arrive after the verifier has run its
+    /// forward without them. A cap of 0 drafts nothing, probes included.
+    pub fn set_depth_cap(&mut self, cap: Option<usize>) {
+        self.depth_cap = cap.unwrap_or(usize::MAX);
+    }
+
+    /// The deepest tree allowed: the configuration's, or the cap.
+    fn max_depth(&self) -> usize {
+        self.config.max_depth.min(self.depth_cap)
     }
 
     /// See [`AcceptanceStats::observe_feedback`].
@@ -395,14 +411,14 @@ impl SpecPolicy {
             return 0;
         }
         let probe = self.config.probe_nodes.min(self.config.max_nodes - 1);
-        probe.min(self.config.max_depth)
+        probe.min(self.max_depth())
     }
 
     /// The argmax budget for `batch`, without exploration and without
     /// changing any state.
     pub fn best(&self, batch: usize) -> Decision {
         let max_drafted = (self.config.max_nodes - 1).min(self.grant_cap);
-        let max_depth = self.config.max_depth;
+        let max_depth = self.max_depth();
         let rates = self.stats.rates(max_depth);
         let shape = Shape::grow(&rates, max_drafted, max_depth, self.config.width_gain);
         let mut best = Decision {
@@ -440,7 +456,7 @@ impl SpecPolicy {
     /// whose bound is below another's measured speed-up is not worth
     /// trying ([`Arms`]).
     pub fn upper_bound(&self, batch: usize) -> f64 {
-        let max_drafted = (self.config.max_nodes - 1).min(self.config.max_depth);
+        let max_drafted = (self.config.max_nodes - 1).min(self.max_depth());
         (0..=max_drafted)
             .map(|k| (k as f64 + 1.0) / self.step_cost(k, k, batch).max(1e-9))
             .fold(1.0, f64::max)

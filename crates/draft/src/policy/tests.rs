@@ -128,6 +128,26 @@ fn high_acceptance_gives_a_large_budget() {
 }
 
 #[test]
+fn a_depth_cap_bounds_the_tree_and_a_cap_of_zero_drafts_nothing() {
+    let mut p = trained(0.95, 200);
+    p.set_depth_cap(Some(2));
+    let d = p.best(1);
+    assert!(!d.budget.is_off() && d.budget.max_depth <= 2, "{d:?}");
+    assert!(p.upper_bound(1) <= 3.0 + 1e-9);
+    p.set_depth_cap(Some(0));
+    assert_eq!(p.best(1).budget, Budget::OFF);
+    assert_eq!(p.upper_bound(1), 1.0);
+    // Not even a probe: no tree could arrive in time.
+    let mut off = trained(0.0, 200);
+    off.set_depth_cap(Some(0));
+    for step in 0..4 * off.config().probe_interval {
+        assert_eq!(off.decide(1).budget, Budget::OFF, "step {step}");
+    }
+    p.set_depth_cap(None);
+    assert!(p.best(1).budget.max_depth >= 6);
+}
+
+#[test]
 fn zero_acceptance_turns_speculation_off_except_on_probes() {
     let mut p = trained(0.0, 200);
     let interval = p.config().probe_interval as usize;

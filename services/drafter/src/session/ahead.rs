@@ -18,7 +18,9 @@
 //! ```
 //!
 //! A hit is sent as soon as the outcome is applied; a miss costs what the
-//! guess still had to run when the outcome came. The guess runs on the
+//! guess's level under way when the outcome came still had to run: a guess
+//! gets only the levels that fit before its outcome, and stops at its next
+//! level once the outcome is here (`super::deadline`). The guess runs on the
 //! drafter's cores, so it pays where those are not the verifier's (a
 //! drafter pod, or `--cpus`). The draft model's cache follows whatever was
 //! drafted last and goes back to the committed tokens by their common
@@ -75,6 +77,13 @@ pub struct AheadStats {
     pub hits: u64,
     /// Seconds spent drafting guesses.
     pub secs: f64,
+    /// Guesses the outcome arrived before, stopped at their next level.
+    pub cancelled: u64,
+    /// Steps that would have drafted ahead but where no useful guess fits
+    /// before the outcome (see `deadline`).
+    pub skipped: u64,
+    /// Deepest guess drafted.
+    pub max_depth: usize,
 }
 
 impl AheadStats {
@@ -90,8 +99,14 @@ impl AheadStats {
 
 impl DraftSession {
     /// Whether to draft ahead now: a model tree with nodes awaits its
-    /// outcome, and the next step will draft with the model.
+    /// outcome, the next step will draft with the model, and a guess fits
+    /// before the outcome arrives.
     pub fn wants_ahead(&self) -> bool {
+        self.could_guess() && self.guess_depth() != Some(0)
+    }
+
+    /// [`Self::wants_ahead`] but for the time a guess has.
+    fn could_guess(&self) -> bool {
         let tree_out = matches!(
             &self.awaited,
             Some(Awaited::Tree { tree, arm, .. }) if tree.len() > 1 && arm.uses_model()
@@ -104,6 +119,31 @@ impl DraftSession {
             && self.guess.is_none()
             && tree_out
             && model_next
+    }
+
+    /// The depth the next guess may have: what the plan wants (one level
+    /// more than its tree: the guessed next token), cut to what fits before
+    /// the outcome; `None` while no plan is kept.
+    fn guess_depth(&self) -> Option<usize> {
+        let wanted = self.deferred?.budget.max_depth + 1;
+        Some(
+            self.live
+                .guess_depth(self.forward_secs, wanted)
+                .unwrap_or(wanted),
+        )
+    }
+
+    /// The handle that stops a guess between its levels, for the task that
+    /// waits for the outcome (`None` without a draft model).
+    pub fn ahead_cancel(&self) -> Option<specmesh_draft_model::Cancel> {
+        self.drafter.model_cancel()
+    }
+
+    /// Counts a step that wanted a guess but had no time for one.
+    pub fn note_no_time_to_guess(&mut self) {
+        if self.could_guess() && self.guess_depth() == Some(0) {
+            self.ahead_stats.skipped += 1;
+        }
     }
 
     /// Drafts the guess (runs the draft model: call it off the async
@@ -124,18 +164,22 @@ impl DraftSession {
         tokens.clear();
         tokens.extend_from_slice(&self.context);
         tokens.extend_from_slice(&assumed);
+        let depth = self.guess_depth().unwrap_or(plan.budget.max_depth + 1);
         let budget = Budget {
             max_nodes: plan.budget.max_nodes + EXTRA_NODES,
-            max_depth: plan.budget.max_depth + 1,
+            max_depth: depth,
         };
+        self.ahead_stats.max_depth = self.ahead_stats.max_depth.max(depth);
         let ctx = DraftContext {
             tokens: &tokens,
             prompt_len: self.prompt_len,
             limits: budget.limits(self.vocab),
         };
         let t0 = Instant::now();
+        let before = self.drafter.model_stats().cancelled;
         let drafted = self.drafter.propose_model(&ctx);
         self.ahead_stats.secs += t0.elapsed().as_secs_f64();
+        self.ahead_stats.cancelled += self.drafter.model_stats().cancelled - before;
         self.ahead_stats.drafted += 1;
         self.ahead_context = tokens;
         if let Some(tree) = drafted.filter(|t| t.len() > 1) {

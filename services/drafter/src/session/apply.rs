@@ -32,6 +32,8 @@ impl DraftSession {
         }
         let span = u64::from(wire.span.max(1));
         let tree_wait_us = wire.tree_wait_us;
+        let forward_us = wire.forward_us;
+        let tree_deadline_us = wire.tree_deadline_us;
         // `step` is at most `last`, a step a tree was sent for: no overflow.
         let first = (step + 1).checked_sub(span);
         if first != Some(next) {
@@ -66,6 +68,9 @@ impl DraftSession {
             }
         };
         reported.tree_wait_us = tree_wait_us;
+        // A guess held the drafter up until this outcome came, so the
+        // verifier's wait for the tree is not the link's alone.
+        let guessed = self.guess.is_some();
         // Whatever the outcome, a guess drafted ahead is settled by it.
         self.settle_guess();
         let (draft_secs, model_forwards, caught_up) = if drafted > 0 {
@@ -73,6 +78,9 @@ impl DraftSession {
         } else {
             (0.0, 0, 0)
         };
+        self.live
+            .observe(forward_us, tree_wait_us, draft_secs, !guessed && span == 1);
+        self.live.observe_deadline(tree_deadline_us);
         self.untimed = Some(Untimed {
             arm,
             drafted,

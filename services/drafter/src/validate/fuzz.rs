@@ -124,10 +124,12 @@ fn any_outcome() -> impl Strategy<Value = v1::StepOutcome> {
             prop::collection::vec(prop_oneof![0u32..6, any::<u32>()], 0..6),
             prop::option::of(any::<u32>()),
         ),
+        (any::<u32>(), any::<u32>()),
     )
         .prop_map(
-            |(step, path, committed, top_k, batch_size, span, tree_wait_us, planned)| {
+            |(step, path, committed, top_k, batch_size, span, tree_wait_us, planned, timed)| {
                 let (pruned, granted, node_budget) = planned;
+                let (forward_us, tree_deadline_us) = timed;
                 v1::StepOutcome {
                     step,
                     path,
@@ -139,6 +141,8 @@ fn any_outcome() -> impl Strategy<Value = v1::StepOutcome> {
                     node_budget,
                     pruned,
                     granted,
+                    forward_us,
+                    tree_deadline_us,
                 }
             },
         )

@@ -227,6 +227,22 @@ fn the_wait_for_a_tree_and_a_tree_drafted_ahead_are_reported() {
 }
 
 #[test]
+fn the_forward_that_verified_a_step_is_reported_to_the_drafter() {
+    let mut s = Steps::new(0, BOUNDS, true);
+    s.plan(Some(Answer::Tree(wire_tree(7, 0))), 7, 100).unwrap();
+    let timed = StepGrant {
+        forward_us: 84_000,
+        tree_deadline_us: 8_400,
+        ..grant(3)
+    };
+    let v = s.verified(&step(vec![0, 1], vec![11], 12, 3), timed, 2);
+    let outcome = v.outcome.expect("due");
+    assert_eq!(outcome.forward_us, 84_000);
+    assert_eq!(outcome.tree_deadline_us, 8_400);
+    assert_eq!(outcome.batch_size, 2);
+}
+
+#[test]
 fn a_reattached_drafter_drafts_from_the_step_it_took_and_its_refusal_only_drops_it() {
     let mut s = Steps::new(0, BOUNDS, true);
     let p = s.plan(Some(Answer::Lost("reset".into())), 7, 100).unwrap();

@@ -97,3 +97,28 @@ fn a_tree_the_verifier_did_not_verify_counts_as_rejected() {
     assert!(rate(&s) < before, "{} then {}", before, rate(&s));
     assert_eq!(s.output().last(), Some(&5));
 }
+
+#[test]
+fn outcomes_teach_the_verifiers_forward_and_the_links_round_trip() {
+    let mut s = session(repetitive(), 8, 1000);
+    assert_eq!(s.live_times(), (None, None));
+    first_tree(&mut s);
+    let mut o = outcome(0, vec![0, 1], vec![5, 1]);
+    o.forward_us = 84_000;
+    o.tree_wait_us = 6_000;
+    s.apply(o).unwrap();
+    let (verify, link) = s.live_times();
+    assert!((verify.unwrap() - 0.084).abs() < 1e-9, "{verify:?}");
+    // The wait less the (microseconds of) model-free drafting.
+    assert!(link.unwrap() > 0.005 && link.unwrap() <= 0.006, "{link:?}");
+
+    // While a guess was running, the wait is not the link's.
+    let plan = s.plan(1);
+    s.draft(plan).unwrap();
+    let _ = guessed(&mut s);
+    let mut o = outcome(1, vec![0], vec![9]);
+    o.forward_us = 84_000;
+    o.tree_wait_us = 90_000;
+    s.apply(o).unwrap();
+    assert_eq!(s.live_times().1, link);
+}
