@@ -59,16 +59,12 @@ impl Sources {
     /// draft model. Empty when the request needs a model there is not.
     pub fn arms(self, has_model: bool) -> Vec<Arm> {
         match (self, has_model) {
-            // The draft model's own trees, not merged with the model-free
-            // drafters': merged trees are larger to verify, and their best
-            // path (which a guess drafted ahead assumes accepted) is often a
-            // model-free branch. Measured on the 1.5B with SmolLM2 drafting
-            // ahead from its own core (docs/performance.md, "The drafter as
-            // a separate host"): automatic on the merged arm 1.35x on
-            // Spec-Bench and 1.82x on code, the draft model alone 1.42x and
-            // 2.31x; in the median session guesses held 17% of the time on
-            // merged trees, 33% on the model's own.
-            (Sources::Auto, true) => vec![Arm::ModelFree, Arm::Model],
+            // The draft model merged with the model-free drafters. Its own
+            // trees as the second arm instead were measured no better (1.5B,
+            // SmolLM2 drafting ahead from a core of its own, Spec-Bench 3
+            // per category: 1.31x either way; docs/performance.md, "The
+            // drafter as a separate host").
+            (Sources::Auto, true) => vec![Arm::ModelFree, Arm::Combined],
             (Sources::Auto | Sources::ModelFree, _) => vec![Arm::ModelFree],
             (Sources::DraftModel, true) => vec![Arm::Model],
             (Sources::Combined, true) => vec![Arm::Combined],
@@ -303,7 +299,7 @@ mod tests {
 
     #[test]
     fn sources_name_their_arms() {
-        assert_eq!(Sources::Auto.arms(true), [Arm::ModelFree, Arm::Model]);
+        assert_eq!(Sources::Auto.arms(true), [Arm::ModelFree, Arm::Combined]);
         assert_eq!(Sources::Auto.arms(false), [Arm::ModelFree]);
         assert_eq!(Sources::ModelFree.arms(true), [Arm::ModelFree]);
         assert_eq!(Sources::DraftModel.arms(true), [Arm::Model]);
