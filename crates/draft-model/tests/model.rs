@@ -96,6 +96,18 @@ fn first_branch(t: &TokenTree) -> Vec<u32> {
     out
 }
 
+/// A greedy drafter on the test model's first `layers` layers.
+fn greedy_self_draft(f: &Fixture, layers: usize) -> ModelDrafter {
+    let draft = Arc::new(f.model.truncated(layers).unwrap());
+    ModelDrafter::new(
+        draft,
+        SamplingParams::greedy(),
+        vocab(f),
+        DraftOptions::default(),
+    )
+    .unwrap()
+}
+
 fn check_shape(t: &TokenTree, root: u32, limits: TreeLimits) {
     assert_eq!(t.root_token(), root);
     assert!(
@@ -114,15 +126,7 @@ fn check_shape(t: &TokenTree, root: u32, limits: TreeLimits) {
 #[test]
 fn self_draft_trees_are_valid_and_fill_the_budget() {
     let Some(f) = fixture() else { return };
-    let half = f.model.n_layers() / 2;
-    let draft = Arc::new(f.model.truncated(half).unwrap());
-    let mut d = ModelDrafter::new(
-        draft,
-        SamplingParams::greedy(),
-        vocab(f),
-        DraftOptions::default(),
-    )
-    .unwrap();
+    let mut d = greedy_self_draft(f, f.model.n_layers() / 2);
     let mut tokens = prompt(f);
     let p = tokens.len();
     for (round, (nodes, depth)) in [(2, 1), (4, 3), (8, 4), (16, 6), (32, 8), (9, 8)]
@@ -165,14 +169,7 @@ fn self_draft_trees_are_valid_and_fill_the_budget() {
 #[test]
 fn a_cancelled_propose_keeps_the_levels_it_grew() {
     let Some(f) = fixture() else { return };
-    let draft = Arc::new(f.model.truncated(8).unwrap());
-    let mut d = ModelDrafter::new(
-        draft,
-        SamplingParams::greedy(),
-        vocab(f),
-        DraftOptions::default(),
-    )
-    .unwrap();
+    let mut d = greedy_self_draft(f, 8);
     let tokens = prompt(f);
     let limits = TreeLimits::new(12, 6, vocab(f));
     let cancel = d.cancel_handle();
