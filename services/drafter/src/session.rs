@@ -50,6 +50,7 @@
 mod ahead;
 mod apply;
 mod deadline;
+mod pricing;
 mod report;
 
 use std::time::{Duration, Instant};
@@ -318,21 +319,6 @@ impl DraftSession {
         self
     }
 
-    /// Prices each arm's tree levels at the draft model's forward over the
-    /// verifier's plain step, less the share that drafting ahead hides.
-    fn price_levels(&mut self) {
-        let exposed = self.exposed_drafting();
-        for &arm in self.drafter.arms() {
-            let forward = self.forward_secs.filter(|_| arm.uses_model());
-            let Some(p) = self.arms.policy_mut(arm) else {
-                continue;
-            };
-            if let (Some(f), Some(unit)) = (forward, p.timing().plain_secs()) {
-                p.set_level_cost(f / unit * exposed);
-            }
-        }
-    }
-
     /// The measured extra cost of a speculative step beyond its forward, in
     /// plain steps (see [`Self::record_step_time`]).
     pub fn step_overhead(&self) -> f64 {
@@ -499,38 +485,6 @@ impl DraftSession {
             budget,
         };
         (plan, steps)
-    }
-
-    /// Caps the model's arms at the depth that reaches the verifier before
-    /// its deadline (see [`deadline`]). Drafting ahead in a batch, a guess
-    /// that holds is ready at the outcome: its depth is bounded as a
-    /// guess's instead, where the batch's short wait would leave none.
-    fn cap_model_depth(&mut self, batch: usize) {
-        let cap = if self.draft_ahead && batch > 1 {
-            None
-        } else {
-            self.live.tree_depth(self.forward_secs)
-        };
-        for &arm in self.drafter.arms() {
-            if arm.uses_model() {
-                self.arms.set_depth_cap(arm, cap);
-            }
-        }
-    }
-
-    /// Tells the arms what the draft model's catch-up on the context would
-    /// cost now, in plain steps.
-    fn price_switches(&mut self) {
-        let secs = self.drafter.catch_up_secs(self.context.len());
-        for &arm in self.drafter.arms() {
-            if !arm.uses_model() {
-                continue;
-            }
-            let unit = self.arms.policy(arm).and_then(|p| p.timing().plain_secs());
-            if let Some(unit) = unit {
-                self.arms.set_switch_cost(arm, secs / unit);
-            }
-        }
     }
 
     /// Drafts the tree for `plan` and awaits its outcome.

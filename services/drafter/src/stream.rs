@@ -216,8 +216,15 @@ impl DraftStream {
         loop {
             let received = self.recv().await;
             // The outcome (or the stream's end) is here: the guess drafted
-            // ahead, if any, is what the verifier waits on now.
-            let mut session = held.join().await?;
+            // ahead, if any, is what the verifier waits on now, and a guess
+            // the outcome did not bear out is stopped at its next level.
+            let holds = match &received {
+                Ok(Ok(Some(v1::DraftRequest {
+                    kind: Some(Kind::Outcome(o)),
+                }))) => Some(o.committed.as_slice()),
+                _ => None,
+            };
+            let mut session = held.join(holds).await?;
             let outcome = match received? {
                 Ok(Some(v1::DraftRequest {
                     kind: Some(Kind::Outcome(o)),
@@ -334,7 +341,13 @@ impl DraftStream {
 #[allow(clippy::large_enum_variant)]
 enum Held {
     Here(DraftSession),
-    Ahead(tokio::task::JoinHandle<DraftSession>, Option<Cancel>),
+    /// The guess's task, what stops it, and the tokens it assumes
+    /// committed before the target's own.
+    Ahead(
+        tokio::task::JoinHandle<DraftSession>,
+        Option<Cancel>,
+        Vec<u32>,
+    ),
 }
 
 impl Held {
@@ -345,6 +358,7 @@ impl Held {
             return Held::Here(session);
         }
         let cancel = session.ahead_cancel();
+        let assumes = session.guess_assumes().unwrap_or_default();
         let span = tracing::debug_span!("propose_ahead");
         Held::Ahead(
             tokio::task::spawn_blocking(move || {
@@ -353,17 +367,23 @@ impl Held {
                 session
             }),
             cancel,
+            assumes,
         )
     }
 
     /// The session, once its guess (if any) is drafted. The outcome it
-    /// guessed at has come, so a guess still growing is late from here
-    /// on: it stops at its next level (`session::deadline`).
-    async fn join(self) -> Result<DraftSession, SessionError> {
+    /// guessed at has come, committing `committed` (`None`: no outcome
+    /// came, but the stream's end): a guess whose assumed path it does not
+    /// bear out can no longer hold and stops at its next level; one it
+    /// does is the next tree, and finishes (its depth was sized to fit,
+    /// `session::deadline`).
+    async fn join(self, committed: Option<&[u32]>) -> Result<DraftSession, SessionError> {
         match self {
             Held::Here(s) => Ok(s),
-            Held::Ahead(task, cancel) => {
-                if let Some(c) = &cancel {
+            Held::Ahead(task, cancel, assumes) => {
+                let holds = committed
+                    .is_some_and(|c| c.len() == assumes.len() + 1 && c.starts_with(&assumes));
+                if let Some(c) = cancel.as_ref().filter(|_| !holds) {
                     c.cancel();
                 }
                 let session = task

@@ -20,7 +20,7 @@
 //! A hit is sent as soon as the outcome is applied; a miss costs what the
 //! guess's level under way when the outcome came still had to run: a guess
 //! gets only the levels that fit before its outcome, and stops at its next
-//! level once the outcome is here (`super::deadline`). The guess runs on the
+//! level once an outcome it cannot hold for is here (`super::deadline`). The guess runs on the
 //! drafter's cores, so it pays where those are not the verifier's (a
 //! drafter pod, or `--cpus`). The draft model's cache follows whatever was
 //! drafted last and goes back to the committed tokens by their common
@@ -77,7 +77,8 @@ pub struct AheadStats {
     pub hits: u64,
     /// Seconds spent drafting guesses.
     pub secs: f64,
-    /// Guesses the outcome arrived before, stopped at their next level.
+    /// Guesses stopped at their next level by an outcome they could not
+    /// hold for.
     pub cancelled: u64,
     /// Steps that would have drafted ahead but where no useful guess fits
     /// before the outcome (see `deadline`).
@@ -133,6 +134,20 @@ impl DraftSession {
         )
     }
 
+    /// The tokens a guess drafted now assumes committed before the target's
+    /// own: the awaited model tree's best path below its root.
+    pub fn guess_assumes(&self) -> Option<Vec<u32>> {
+        let Some(Awaited::Tree { tree, .. }) = &self.awaited else {
+            return None;
+        };
+        Some(
+            best_path(tree)[1..]
+                .iter()
+                .map(|&n| tree.token(n))
+                .collect(),
+        )
+    }
+
     /// The handle that stops a guess between its levels, for the task that
     /// waits for the outcome (`None` without a draft model).
     pub fn ahead_cancel(&self) -> Option<specmesh_draft_model::Cancel> {
@@ -152,13 +167,9 @@ impl DraftSession {
         if !self.wants_ahead() {
             return;
         }
-        let (Some(Awaited::Tree { tree, .. }), Some(plan)) = (&self.awaited, self.deferred) else {
+        let (Some(assumed), Some(plan)) = (self.guess_assumes(), self.deferred) else {
             return;
         };
-        let assumed: Vec<u32> = best_path(tree)[1..]
-            .iter()
-            .map(|&n| tree.token(n))
-            .collect();
         let base = self.context.len();
         let mut tokens = std::mem::take(&mut self.ahead_context);
         tokens.clear();

@@ -27,8 +27,9 @@
 //! first forward catches the model up on the guessed path. So a guess
 //! gets as many levels as forwards fit in that window, and none when fewer
 //! than two do: one level only guesses the next token, which leaves no
-//! tree under it. A guess still running when the outcome comes is
-//! cancelled at its next level (see `stream`), whatever the outcome.
+//! tree under it. A guess still running when its outcome comes is stopped
+//! at its next level if the outcome does not bear out the path it assumed
+//! (see `stream`); one that holds is the next tree and finishes.
 //!
 //! Both times are moving averages, so one slow forward shortens the next
 //! guesses for a few steps rather than switching drafting ahead off.
