@@ -3,9 +3,9 @@
 //!
 //! The design puts drafter pods on their own (cheaper) machines, so every
 //! tree crosses a network. To measure that on one machine, the launcher can
-//! start the drafters in a network namespace of their own (`ip netns exec`,
-//! the namespace joined to the launcher's by a veth pair that
-//! `tools/bench/netns.sh` makes) and put a [`DelayProxy`] in front of each:
+//! start the drafters in a network namespace of their own (`ip netns exec`;
+//! `tools/bench/netns.sh` makes it and the launcher's, joined by a veth
+//! pair) and put a [`DelayProxy`] in front of each:
 //! verifiers and gateway dial the proxy, which forwards every byte to the
 //! drafter after half the round trip, and every byte back after the other
 //! half.
@@ -33,8 +33,9 @@ use std::time::{Duration, Instant};
 pub struct LinkArgs {
     /// Start the drafters in this network namespace (`ip netns exec NS`;
     /// needs root), as a separate host would be: `tools/bench/netns.sh up`
-    /// makes one joined to the current namespace by a veth pair. Give the
-    /// drafters' address in it with --drafter-host.
+    /// makes `specmesh-d` for them and `specmesh-v` for the rest (run the
+    /// launcher in it), joined by a veth pair. Give the drafters' address
+    /// in it with --drafter-host.
     #[arg(long, requires = "drafter_host")]
     pub drafter_netns: Option<String>,
     /// The address the drafters listen on (default 127.0.0.1): in
