@@ -206,6 +206,7 @@ pub mod cluster;
 pub mod deploy;
 pub mod load;
 pub mod mesh;
+pub mod metrics;
 pub mod netns;
 pub mod pki;
 pub mod service;

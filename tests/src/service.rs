@@ -12,6 +12,8 @@ pub struct Service {
     child: Child,
     /// `http://ADDR` as the service printed it.
     pub url: String,
+    /// Its Prometheus `/metrics` URL, when started with `--metrics-listen`.
+    pub metrics: Option<String>,
 }
 
 impl Service {
@@ -69,6 +71,8 @@ impl Service {
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
         let prefix = format!("{name} listening on ");
+        let metrics_prefix = format!("{name} metrics on ");
+        let mut metrics = None;
         let addr = loop {
             let line = lines
                 .next()
@@ -77,12 +81,16 @@ impl Service {
             if let Some(a) = line.strip_prefix(&prefix) {
                 break a.trim().to_string();
             }
+            if let Some(url) = line.strip_prefix(&metrics_prefix) {
+                metrics = Some(url.trim().to_string());
+            }
         };
         // Keep draining stdout so the service never blocks on a full pipe.
         std::thread::spawn(move || lines.for_each(drop));
         Service {
             child,
             url: format!("http://{addr}"),
+            metrics,
         }
     }
 }

@@ -56,7 +56,13 @@ pub struct KeyedMesh {
 impl KeyedMesh {
     pub fn start(keys: &Path, with_drafter: bool, gateway_args: &[&str]) -> KeyedMesh {
         let model = model_path().display().to_string();
-        let drafter = with_drafter.then(|| Service::start("specmesh-drafter", &[] as &[&str], &[]));
+        let drafter = with_drafter.then(|| {
+            Service::start(
+                "specmesh-drafter",
+                &["--metrics-listen", "127.0.0.1:0"],
+                &[],
+            )
+        });
         let mut verifier_args = vec![
             "--model",
             &model,

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use specmesh_e2e::metrics::metric;
 use specmesh_e2e::run;
 use specmesh_e2e::stdout_ok;
 use specmesh_e2e::tenants::{KeyedMesh, TenantKey, chat_as, new_key, with_key};
@@ -30,6 +31,27 @@ async fn accepted(client: &mut GenerationClient<Channel>, key: &str) -> (String,
         .unwrap()
         .into_inner();
     (reply.text, reply.speculation.unwrap().accepted_tokens)
+}
+
+/// Waits until every draft session the drafter at `metrics` started has
+/// ended with its output in the index (or failed): a session's output
+/// joins the index when its draft stream ends, which may be after the
+/// reply has gone out.
+fn all_outputs_indexed(metrics: &str) {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let started = metric(metrics, "specmesh_drafter_sessions_total", "");
+        let ended = metric(metrics, "specmesh_drafter_outputs_indexed_total", "")
+            + metric(metrics, "specmesh_drafter_sessions_failed_total", "");
+        if started > 0.0 && ended >= started {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "{started} draft sessions, {ended} indexed or failed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,7 +121,9 @@ async fn the_key_names_the_tenant() {
     // Tenant B's second run of a text drafts from B's index: acceptance
     // rises. Tenant A asking the same gets A's own (first-time) acceptance:
     // B's index is not A's to read.
+    let drafter = mesh.drafter.as_ref().unwrap().metrics.clone().unwrap();
     let (text_b1, b1) = accepted(&mut client, &key_b).await;
+    all_outputs_indexed(&drafter);
     let (text_b2, b2) = accepted(&mut client, &key_b).await;
     let (text_a, a) = accepted(&mut client, &key_a).await;
     assert_eq!(text_b1, text_b2);

@@ -5,11 +5,10 @@
 //! tokens passes at a false-alarm rate of 0.1%), and the planner's
 //! decisions are visible in the verifier's `/metrics`.
 
-use std::process::Command;
-
 use specmesh_e2e::mesh::{
     Mesh, bench_prompts, chat_request, generate_all, sampled_request, without_speculation,
 };
+use specmesh_e2e::metrics::metric;
 use specmesh_e2e::stats::{chi2_999, homogeneity};
 use specmesh_proto::v1;
 
@@ -17,22 +16,6 @@ use specmesh_proto::v1;
 async fn all_at_once(gateway: &str, requests: Vec<v1::GenerateRequest>) -> Vec<Vec<u32>> {
     let responses = generate_all(gateway, requests).await;
     responses.into_iter().map(|r| r.token_ids).collect()
-}
-
-/// A counter or histogram count of the verifier's `/metrics`: the sum of
-/// every sample of `name` whose labels contain `labels`.
-fn metric(url: &str, name: &str, labels: &str) -> f64 {
-    let out = Command::new("curl")
-        .args(["-sf", "--max-time", "5", url])
-        .output()
-        .expect("running curl");
-    assert!(out.status.success(), "scraping {url}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.split([' ', '{']).next() == Some(name) && l.contains(labels))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 fn verifier_metrics(mesh: &Mesh) -> String {

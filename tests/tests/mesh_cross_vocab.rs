@@ -5,9 +5,8 @@
 //! (its trees carry no q, so each seed's draws are plain sampling's, and
 //! every position's distribution passes a chi-square homogeneity test).
 
-use std::process::Command;
-
 use specmesh_e2e::mesh::{Mesh, chat_request, sampled_request, with_mode, without_speculation};
+use specmesh_e2e::metrics::metric;
 use specmesh_e2e::model_path;
 use specmesh_e2e::stats::{chi2_999, homogeneity};
 use specmesh_proto::v1;
@@ -40,15 +39,7 @@ fn drafter_metric(mesh: &Mesh, name: &str) -> f64 {
         .metrics
         .clone()
         .expect("the drafter's metrics URL");
-    let out = Command::new("curl")
-        .args(["-sf", "--max-time", "5", &url])
-        .output()
-        .expect("running curl");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.split([' ', '{']).next() == Some(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    metric(&url, name, "")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,6 +21,7 @@ pub struct StatsMetrics {
     trees: IntCounter,
     drafted: IntCounter,
     accepted: IntCounter,
+    indexed: IntCounter,
 }
 
 impl StatsMetrics {
@@ -51,10 +52,14 @@ impl StatsMetrics {
                 "specmesh_drafter_accepted_tokens_total",
                 "Drafted nodes the verifiers reported accepted.",
             ),
+            indexed: counter(
+                "specmesh_drafter_outputs_indexed_total",
+                "Ended sessions whose output joined their tenant's global index.",
+            ),
         }
     }
 
-    fn scraped(&self) -> [&dyn Collector; 7] {
+    fn scraped(&self) -> [&dyn Collector; 8] {
         [
             &self.open,
             &self.sessions,
@@ -63,6 +68,7 @@ impl StatsMetrics {
             &self.trees,
             &self.drafted,
             &self.accepted,
+            &self.indexed,
         ]
     }
 }
@@ -90,6 +96,7 @@ impl Collector for StatsMetrics {
         catch_up(&self.trees, s.trees_sent);
         catch_up(&self.drafted, s.drafted_nodes);
         catch_up(&self.accepted, s.accepted_nodes);
+        catch_up(&self.indexed, s.outputs_indexed);
         let mut families: Vec<MetricFamily> = self
             .scraped()
             .into_iter()
