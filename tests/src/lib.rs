@@ -77,24 +77,9 @@ fn newest_rs_file(dir: &Path) -> Option<(SystemTime, PathBuf)> {
     newest
 }
 
-/// The test model: `$SPECMESH_MODEL`, else where `specmesh model fetch` puts
-/// it (the same rule as the model crate's tests).
-pub fn model_path() -> PathBuf {
-    let path = std::env::var_os("SPECMESH_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(".cache/specmesh/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.exists(),
-        "model not found at {}: run `cargo run --release -p specmesh-cli -- model fetch`",
-        path.display()
-    );
-    path
-}
+/// The test model: `$SPECMESH_MODEL`, else where `specmesh model fetch`
+/// puts the default one.
+pub use specmesh_testing::model_path;
 
 /// The token ids `specmesh generate --local --chat` decodes greedily for
 /// `text` on `model` (a path or a catalog name): plain decoding, the

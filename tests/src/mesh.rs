@@ -32,6 +32,9 @@ pub struct Mesh {
     pub gateway: String,
     /// The gateway's Prometheus `/metrics` URL.
     pub gateway_metrics: Option<String>,
+    /// The gateway's OpenAI-compatible front, `http://ADDR`, when `up` was
+    /// given `--http-listen`.
+    pub http: Option<String>,
     pub services: Vec<Proc>,
     /// What `specmesh up` printed before the gateway served (each
     /// service's model and memory line, its address).
@@ -102,6 +105,12 @@ impl Mesh {
         Mesh::start_up(model, cost_curve, &args, env)
     }
 
+    /// The default model with `args` added to `specmesh up`.
+    pub fn start_with_args(args: &[&str], env: &[(&str, &str)]) -> Mesh {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        Mesh::start_up(&model_path(), SMOLLM2_COST_CURVE, &args, env)
+    }
+
     /// `specmesh up --model MODEL ARGS…`, the verifiers on `cost_curve`.
     fn start_up(
         model: &std::path::Path,
@@ -155,7 +164,7 @@ impl Mesh {
         });
         let mut services = Vec::new();
         let mut startup = Vec::new();
-        let mut gateway_metrics = None;
+        let mut http = None;
         let gateway = loop {
             let line = rx
                 .recv_timeout(Duration::from_secs(180))
@@ -178,14 +187,20 @@ impl Mesh {
                     metrics: rest.trim().strip_prefix("metrics ").map(str::to_string),
                 });
             }
-            if let Some(url) = line.strip_prefix("specmesh-gateway metrics ") {
-                gateway_metrics = Some(url.trim().to_string());
+            // "specmesh-gateway http at http://127.0.0.1:PORT (OpenAI-compatible)"
+            if let Some(rest) = line.strip_prefix("specmesh-gateway http at ") {
+                http = rest.split_whitespace().next().map(str::to_string);
             }
         };
+        let gateway_metrics = services
+            .iter()
+            .find(|p| p.name == "specmesh-gateway")
+            .and_then(|p| p.metrics.clone());
         Mesh {
             child,
             gateway,
             gateway_metrics,
+            http,
             services,
             startup,
         }

@@ -211,3 +211,37 @@ fn the_http_front_takes_the_gateways_api_keys() {
     assert_eq!(ok["object"], "chat.completion");
     assert!(ok["usage"]["completion_tokens"].as_u64().unwrap() > 0);
 }
+
+/// `specmesh up --http-listen` starts the OpenAI front beside the gRPC API,
+/// and `up` names the gateway's process like the others'.
+#[test]
+fn up_serves_the_openai_front_and_names_the_gateway() {
+    let http = free_addr();
+    let mesh = specmesh_e2e::mesh::Mesh::start_with_args(&["--http-listen", &http], &[]);
+    assert_eq!(
+        mesh.http.as_deref(),
+        Some(format!("http://{http}").as_str())
+    );
+    let out = Command::new("curl")
+        .args([
+            "-sf",
+            "--max-time",
+            "10",
+            &format!("http://{http}/v1/models"),
+        ])
+        .output()
+        .expect("running curl");
+    assert!(out.status.success(), "GET /v1/models: {out:?}");
+    let models: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(models["object"], "list", "{models}");
+    let gateway = mesh.of("specmesh-gateway");
+    assert_eq!(gateway.len(), 1, "{:?}", mesh.services);
+    assert_eq!(gateway[0].url, mesh.gateway);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", gateway[0].pid)).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("specmesh-gateway"),
+        "pid {} is not the gateway",
+        gateway[0].pid
+    );
+    assert!(gateway[0].metrics.is_some(), "{:?}", gateway[0]);
+}

@@ -28,19 +28,32 @@ const PROMPTS: [&str; 3] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draft_model_and_combined_greedy_match_plain_decoding() {
+    greedy_matches_plain_decoding(&[]).await;
+}
+
+/// The draft head scoring only the 2,048 most frequent tokens of the
+/// shipped SmolLM2 ranking (FR-Spec): cheaper trees, the same answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frequent_token_draft_head_keeps_greedy_output() {
+    greedy_matches_plain_decoding(&[("SPECMESH_DRAFTER_DRAFT_HEAD_TOKENS", "2048")]).await;
+}
+
+/// A self-draft (the target's first 8 layers, with `extra` drafter
+/// settings) in modes draft-model and combined: every greedy answer equals
+/// plain decoding's, and the draft model drafts.
+async fn greedy_matches_plain_decoding(extra: &[(&str, &str)]) {
     let _turn = SERIAL.lock().await;
-    let mesh = Mesh::start_with_draft_model(
-        &model_path(),
-        &[
-            ("SPECMESH_DRAFTER_SELF_DRAFT_LAYERS", "8"),
-            ("SPECMESH_VERIFIER_COST_CURVE", FLAT_CURVE),
-            // Trees verified whole: the goodput planner learns the step
-            // times this machine measures (the curve is only its prior)
-            // and may rightly prune every node of a slow self-draft, and
-            // then no tree of the draft model would be checked at all.
-            ("SPECMESH_VERIFIER_GOODPUT_PLANNER", "false"),
-        ],
-    );
+    let mut env = vec![
+        ("SPECMESH_DRAFTER_SELF_DRAFT_LAYERS", "8"),
+        ("SPECMESH_VERIFIER_COST_CURVE", FLAT_CURVE),
+        // Trees verified whole: the goodput planner learns the step
+        // times this machine measures (the curve is only its prior)
+        // and may rightly prune every node of a slow self-draft, and
+        // then no tree of the draft model would be checked at all.
+        ("SPECMESH_VERIFIER_GOODPUT_PLANNER", "false"),
+    ];
+    env.extend_from_slice(extra);
+    let mesh = Mesh::start_with_draft_model(&model_path(), &env);
     let mut client = mesh.client().await;
     let mut drafted = 0;
     for text in PROMPTS {

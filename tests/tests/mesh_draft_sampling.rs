@@ -10,7 +10,9 @@
 //! do, or rejection sampling never ran), so the claim is statistical: a
 //! chi-square homogeneity test of each output position's distribution,
 //! with and without speculation, at a false-alarm rate of 0.1% per test,
-//! at temperature 1 and at temperature 0.7 with top-p 0.9.
+//! at temperature 1 and at temperature 0.7 with top-p 0.9; once with the
+//! whole draft head, once with one that scores only the most frequent
+//! tokens (FR-Spec).
 
 use specmesh_e2e::mesh::{Mesh, generate_all, sampled_request, with_mode, without_speculation};
 use specmesh_e2e::model_path;
@@ -45,17 +47,30 @@ const FLAT_CURVE: &str = "1:1,2:1.01,4:1.02,8:1.04,16:1.08,32:1.16,64:1.32";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draft_model_sampling_follows_the_target() {
-    let mesh = Mesh::start_with_draft_model(
-        &model_path(),
-        &[
-            ("SPECMESH_DRAFTER_SELF_DRAFT_LAYERS", "8"),
-            ("SPECMESH_VERIFIER_COST_CURVE", FLAT_CURVE),
-            // Trees verified whole: the planner, learning this machine's
-            // step times under a batch, may rightly prune a slow
-            // self-draft's nodes, and then no q would be tested.
-            ("SPECMESH_VERIFIER_GOODPUT_PLANNER", "false"),
-        ],
-    );
+    sampling_follows_the_target(&[]).await;
+}
+
+/// The draft head scores only the 1,024 most frequent tokens (FR-Spec):
+/// q is over those, zero elsewhere, and the target's distribution must
+/// still come out whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frequent_token_draft_head_keeps_sampling_exact() {
+    sampling_follows_the_target(&[("SPECMESH_DRAFTER_DRAFT_HEAD_TOKENS", "1024")]).await;
+}
+
+/// The chi-square test with a self-draft of the target's first 8 layers
+/// and `extra` drafter settings.
+async fn sampling_follows_the_target(extra: &[(&str, &str)]) {
+    let mut env = vec![
+        ("SPECMESH_DRAFTER_SELF_DRAFT_LAYERS", "8"),
+        ("SPECMESH_VERIFIER_COST_CURVE", FLAT_CURVE),
+        // Trees verified whole: the planner, learning this machine's
+        // step times under a batch, may rightly prune a slow
+        // self-draft's nodes, and then no q would be tested.
+        ("SPECMESH_VERIFIER_GOODPUT_PLANNER", "false"),
+    ];
+    env.extend_from_slice(extra);
+    let mesh = Mesh::start_with_draft_model(&model_path(), &env);
     for (temperature, top_p) in [(1.0, 1.0), (0.7, 0.9)] {
         let (mut with, mut without) = (Vec::new(), Vec::new());
         let mut differ = 0;

@@ -84,3 +84,62 @@ pub fn decode(
         decode_seconds: t1.elapsed().as_secs_f64(),
     })
 }
+
+/// Greedy decoding of many prompts at once: each step is one batched
+/// forward over every unfinished prompt's last token, so the weights are
+/// read once per step for all of them. Returns each prompt's new tokens
+/// (EOS ends a prompt and is not included).
+pub fn greedy_batch(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+    eos: &[u32],
+) -> Result<Vec<Vec<u32>>> {
+    let mut seqs = Vec::with_capacity(prompts.len());
+    let mut next = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        let mut seq = model.new_sequence();
+        let block = Block::chain(prompt.clone(), 0)?.last_logits_only();
+        let logits = model.forward(&mut seq, &block).context("prefill")?;
+        seq.commit(&(0..prompt.len()).collect::<Vec<_>>())?;
+        seqs.push(seq);
+        next.push(logits.argmax(logits.rows() - 1));
+    }
+    let mut out = vec![Vec::with_capacity(max_new_tokens); prompts.len()];
+    let mut live: Vec<usize> = (0..prompts.len()).collect();
+    while !live.is_empty() {
+        live.retain(|&i| {
+            let done = eos.contains(&next[i]) || out[i].len() == max_new_tokens;
+            if !done {
+                out[i].push(next[i]);
+            }
+            !done && out[i].len() < max_new_tokens
+        });
+        if live.is_empty() {
+            break;
+        }
+        let blocks = live
+            .iter()
+            .map(|&i| Block::chain(vec![next[i]], seqs[i].len()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut items: Vec<(&mut specmesh_model::Sequence, &Block)> = Vec::new();
+        {
+            let mut rest: &mut [specmesh_model::Sequence] = &mut seqs;
+            let mut at = 0;
+            for (&i, b) in live.iter().zip(&blocks) {
+                let (_, tail) = rest.split_at_mut(i - at);
+                let (seq, tail) = tail.split_first_mut().expect("live ids are in range");
+                items.push((seq, b));
+                rest = tail;
+                at = i + 1;
+            }
+        }
+        let logits = model.forward_batch(&mut items)?;
+        drop(items);
+        for (&i, l) in live.iter().zip(&logits) {
+            seqs[i].commit(&[0])?;
+            next[i] = l.argmax(0);
+        }
+    }
+    Ok(out)
+}

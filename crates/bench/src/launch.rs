@@ -262,14 +262,17 @@ pub struct Layout {
     pub drafter_threads: Option<usize>,
     /// The drafters draft the draft model's trees ahead (`--draft-ahead`).
     pub draft_ahead: bool,
+    /// The draft model scores only its N most frequent tokens
+    /// (`--draft-head-tokens`; `None`: the drafter's default).
+    pub draft_head_tokens: Option<usize>,
     /// Where the drafters run and what lies between them and the rest
     /// (see [`crate::link`]).
     pub link: LinkArgs,
     /// Every service serves Prometheus metrics on a free loopback port.
     pub metrics: bool,
     /// The gateway serves its OpenAI-compatible HTTP front on a free
-    /// loopback port too (`--http-listen`).
-    pub http: bool,
+    /// address too (`--http-listen`; port 0: a free one).
+    pub http: Option<SocketAddr>,
     /// How long each service may take to start.
     pub timeout: Duration,
 }
@@ -290,6 +293,7 @@ impl Mesh {
             drafter_cpus,
             drafter_threads,
             draft_ahead,
+            draft_head_tokens,
             link,
             metrics,
             http,
@@ -321,6 +325,9 @@ impl Mesh {
             }
             if draft_ahead {
                 drafter_args.push("--draft-ahead".into());
+            }
+            if let Some(n) = draft_head_tokens {
+                drafter_args.extend(["--draft-head-tokens".into(), n.to_string()]);
             }
         }
         if let Some(c) = &drafter_cpus {
@@ -394,8 +401,8 @@ impl Mesh {
             args.extend(["--drafters".into(), drafter_urls.clone()]);
         }
         args.extend(metrics_args());
-        if http {
-            args.extend(["--http-listen".into(), "127.0.0.1:0".into()]);
+        if let Some(addr) = http {
+            args.extend(["--http-listen".into(), addr.to_string()]);
         }
         let gateway = Service::start("specmesh-gateway", &args, timeout).await?;
         // A drafter in another namespace is reachable only through its

@@ -57,7 +57,7 @@ impl ModelArgs {
             threads: self.threads,
             isa: self.isa,
             progress: Some(&tick),
-            dequantize: false,
+            ..LoadOptions::default()
         };
         let model = Model::load(&path, &opts);
         if let Some(b) = &bar {

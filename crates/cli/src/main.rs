@@ -35,6 +35,9 @@ enum Command {
     Up(commands::up::Args),
     /// Print the token ids (and pieces) of a text.
     Tokenize(commands::tokenize::Args),
+    /// Rank a model's tokens by how often its answers use them, for the
+    /// drafter's cheaper head (`--draft-head-tokens`).
+    TokenRanking(commands::token_ranking::Args),
     /// Spec-Bench through the gateway: speculation against plain decoding,
     /// interleaved, with an identity check of every greedy output.
     Bench(bench::bench::Args),
@@ -60,6 +63,7 @@ fn main() {
         Command::Generate(a) => commands::generate::run(a),
         Command::Up(a) => commands::up::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
+        Command::TokenRanking(a) => commands::token_ranking::run(a),
         Command::BenchModel(a) => bench::bench_model::run(a),
         Command::Bench(a) => bench::bench::run(a),
         Command::BenchServe(a) => bench::serve::run(a),

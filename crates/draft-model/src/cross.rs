@@ -240,9 +240,7 @@ impl TextBridge {
 }
 
 fn root_only(root: u32, limits: TreeLimits) -> TokenTree {
-    TokenTree::root_only(root, limits)
-        .or_else(|_| TokenTree::root_only(root, TreeLimits::new(1, 0, root.saturating_add(1))))
-        .expect("a root within its own vocabulary")
+    TokenTree::placeholder(Some(root), limits)
 }
 
 /// One session's context as text and as draft tokens; see the module docs.

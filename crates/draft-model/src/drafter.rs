@@ -225,13 +225,23 @@ impl ModelDrafter {
         Ok(logits.row(logits.rows() - 1).to_vec())
     }
 
-    /// A node's candidate children from its logits row.
+    /// A node's candidate children from its logits row. A head that scores
+    /// only some tokens (FR-Spec) has a column per token it keeps: the
+    /// candidates, and so the q a sampled node sends, are over those
+    /// tokens, every other token having q = 0 (rejection sampling stays
+    /// exact with any q the children are truly drawn from).
     fn candidates(&self, row: &[f32]) -> Option<Vec<(u32, f32)>> {
-        if self.greedy() {
+        let mut c = if self.greedy() {
             greedy_candidates(row, self.options.max_children)
         } else {
             sampled_candidates(row, &self.params, self.options.support)
+        }?;
+        if let Some(tokens) = self.model.head_tokens() {
+            for e in &mut c {
+                e.0 = tokens[e.0 as usize];
+            }
         }
+        Some(c)
     }
 
     fn learn_ranks(&mut self, probs: &[(u32, f32)]) {
@@ -430,21 +440,10 @@ impl ModelDrafter {
         Ok(out)
     }
 
-    /// The root alone. A context that breaks its contract (empty, or a
-    /// root outside the vocabulary) still gets a root-only tree, as close
-    /// to it as the limits allow, rather than a panic: the verifier refuses
-    /// it like any other malformed tree. (The model-free drafters of
-    /// `specmesh-draft` answer the same way.)
+    /// The root alone ([`TokenTree::placeholder`] for a context that breaks
+    /// its contract, as the model-free drafters of `specmesh-draft` answer).
     fn root_only(ctx: &DraftContext<'_>) -> TokenTree {
-        let root = ctx.tokens.last().copied().unwrap_or(0);
-        let limits = ctx.limits;
-        TokenTree::root_only(root, limits)
-            .or_else(|_| {
-                let vocab = root.saturating_add(1);
-                TokenTree::root_only(root, TreeLimits { vocab, ..limits })
-            })
-            .or_else(|_| TokenTree::root_only(0, TreeLimits::new(1, 0, 1)))
-            .expect("token 0 always fits a vocabulary of one")
+        TokenTree::placeholder(ctx.tokens.last().copied(), ctx.limits)
     }
 }
 

@@ -12,6 +12,9 @@
 //! [`check_vocab`] tells whether a draft model's tokenizer is the
 //! target's; when it is not, [`CrossVocabDrafter`] drafts through text
 //! ([`TextBridge`]), and trees still arrive in the target's vocabulary.
+//!
+//! A draft model may score only its most frequent tokens ([`TokenRanking`],
+//! FR-Spec): the candidates, and a sampled node's q, are then over those.
 
 #![forbid(unsafe_code)]
 
@@ -20,9 +23,11 @@ mod cross;
 mod dist;
 mod drafter;
 mod error;
+mod ranking;
 mod vocab;
 
 pub use cross::{BridgeError, CrossVocabDrafter, TextBridge, TextMap};
 pub use drafter::{Cancel, DraftOptions, DrafterStats, ModelDrafter};
 pub use error::DraftModelError;
+pub use ranking::{RankingError, TokenRanking};
 pub use vocab::{VocabMismatch, check_pieces, check_vocab};

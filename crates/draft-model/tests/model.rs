@@ -2,7 +2,6 @@
 //! `specmesh model fetch` cache). Skipped, with a notice, when the model is
 //! not there.
 
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use specmesh_draft::{DraftContext, Drafter, TokenTree, TreeLimits};
@@ -11,18 +10,8 @@ use specmesh_draft_model::{
 };
 use specmesh_model::{Block, LoadOptions, Model};
 use specmesh_sampling::SamplingParams;
+use specmesh_testing::model_path;
 use specmesh_tokenizer::Tokenizer;
-
-fn model_path() -> PathBuf {
-    std::env::var_os("SPECMESH_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(".cache/specmesh/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        })
-}
 
 struct Fixture {
     model: Arc<Model>,

@@ -30,7 +30,7 @@ use specmesh_tree::TokenTree;
 use crate::merged::candidates::Candidates;
 use crate::merged::hashing::{FastMap, mix};
 use crate::merged::rate::{Rate, survived};
-use crate::merged::{checked_root, fallback, placeholder};
+use crate::merged::{checked_root, fallback};
 use crate::{DraftContext, Drafter, Feedback};
 
 const NONE: u32 = u32::MAX;
@@ -267,7 +267,7 @@ impl Drafter for PromptLookup {
         self.last_root = Some(root);
         let limits = ctx.limits;
         if limits.max_nodes <= 1 || limits.max_depth == 0 || self.seen.len() != ctx.tokens.len() {
-            return placeholder(Some(root), limits);
+            return TokenTree::placeholder(Some(root), limits);
         }
         self.cands.reset(root, limits);
         self.used.clear();

@@ -27,7 +27,7 @@ use specmesh_tree::TokenTree;
 use crate::merged::candidates::Candidates;
 use crate::merged::hashing::{FastMap, mix};
 use crate::merged::rate::{Rate, survived};
-use crate::merged::{checked_root, fallback, placeholder};
+use crate::merged::{checked_root, fallback};
 use crate::{DraftContext, Drafter, Feedback};
 
 /// Tuning of [`Predicted`]; out-of-range values are clamped.
@@ -168,14 +168,14 @@ impl Drafter for Predicted {
         self.last = None;
         let limits = ctx.limits;
         let Some(at) = self.locate(ctx.tokens) else {
-            return placeholder(Some(root), limits);
+            return TokenTree::placeholder(Some(root), limits);
         };
         let depth = limits
             .max_depth
             .min(limits.max_nodes.saturating_sub(1))
             .min(self.prediction.len() - at);
         if depth == 0 {
-            return placeholder(Some(root), limits);
+            return TokenTree::placeholder(Some(root), limits);
         }
         self.cands.reset(root, limits);
         let rate = self.rate.mean();

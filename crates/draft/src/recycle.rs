@@ -35,7 +35,7 @@ use specmesh_tree::{TokenTree, TreeBuilder};
 
 use crate::merged::candidates::unit;
 use crate::merged::hashing::FastMap;
-use crate::merged::{checked_root, fallback, placeholder};
+use crate::merged::{checked_root, fallback};
 use crate::{DraftContext, Drafter, Feedback};
 
 /// Marks an empty slot of a row (a real token never reaches it: it is
@@ -212,7 +212,7 @@ impl Drafter for TokenRecycler {
         };
         let limits = ctx.limits;
         let Ok(mut b) = TreeBuilder::new(root, limits) else {
-            return placeholder(Some(root), limits);
+            return TokenTree::placeholder(Some(root), limits);
         };
         self.heap.clear();
         let mut seq = 0;

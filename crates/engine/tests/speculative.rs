@@ -2,7 +2,6 @@
 //! decoding returns: greedy token for token, and seeded sampling token for
 //! token when the drafter sends no probabilities.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -12,23 +11,9 @@ use specmesh_engine::{
 };
 use specmesh_model::{LoadOptions, Model};
 use specmesh_sampling::SamplingParams;
+use specmesh_testing::model_path;
 use specmesh_tokenizer::{ChatMessage, Tokenizer};
 use specmesh_tree::{TokenTree, TreeBuilder, TreeLimits};
-
-fn model_path() -> PathBuf {
-    let path = std::env::var_os("SPECMESH_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/specmesh/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.exists(),
-        "model not found at {}: run `specmesh model fetch`",
-        path.display()
-    );
-    path
-}
 
 fn model() -> &'static Model {
     static M: OnceLock<Model> = OnceLock::new();

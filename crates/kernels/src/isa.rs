@@ -52,7 +52,7 @@ impl Isa {
                     avx2 && is_x86_feature_detected!("avx512vnni")
                         && is_x86_feature_detected!("avx512vl")
                 }
-                Isa::AmxInt8 => Isa::Avx512Vnni.supported() && crate::packed_amx::available(),
+                Isa::AmxInt8 => Isa::Avx512Vnni.supported() && amx_available(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -77,4 +77,44 @@ impl fmt::Display for Isa {
             Isa::AmxInt8 => "amx-int8",
         })
     }
+}
+
+/// Whether this CPU has AMX-INT8 and the OS lets this process use it.
+///
+/// Linux keeps the 8 KiB tile state off until a process asks for it
+/// (`ARCH_REQ_XCOMP_PERM`); the request is process-wide, so it is made once.
+#[cfg(target_arch = "x86_64")]
+fn amx_available() -> bool {
+    use std::arch::x86_64::__cpuid_count;
+    use std::sync::OnceLock;
+
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        let leaf7 = __cpuid_count(7, 0);
+        let (tile, int8) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 25 & 1 == 1);
+        let avx512 = is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl");
+        tile && int8 && avx512 && request_tile_data()
+    })
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_tile_data() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: a plain syscall with integer arguments; on kernels without AMX
+    // support it fails and we keep the VNNI kernels.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
+fn request_tile_data() -> bool {
+    false
 }

@@ -27,7 +27,6 @@
 
 use std::arch::asm;
 use std::arch::x86_64::*;
-use std::sync::OnceLock;
 
 use crate::act::{BlockQ8, QuantizedRows};
 use crate::format::QFormat;
@@ -59,42 +58,6 @@ pub(crate) type AmxPairsFn = unsafe fn(
     t: usize,
     emit: &mut dyn FnMut(usize, &PairOut),
 );
-
-/// Whether this CPU has AMX-INT8 and the OS lets this process use it.
-///
-/// Linux keeps the 8 KiB tile state off until a process asks for it
-/// (`ARCH_REQ_XCOMP_PERM`); the request is process-wide, so it is made once.
-pub(crate) fn available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        let leaf7 = __cpuid_count(7, 0);
-        let (tile, int8) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 25 & 1 == 1);
-        let avx512 = is_x86_feature_detected!("avx512vnni")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl");
-        tile && int8 && avx512 && request_tile_data()
-    })
-}
-
-#[cfg(target_os = "linux")]
-fn request_tile_data() -> bool {
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: a plain syscall with integer arguments; on kernels without AMX
-    // support it fails and we keep the VNNI kernels.
-    unsafe {
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        ) == 0
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn request_tile_data() -> bool {
-    false
-}
 
 /// The 64-byte tile configuration for t activation rows: two sets of
 /// (activations tmm0/1: t × 32 i8, weights tmm2/3: 8 × 64, sums tmm4/5:

@@ -7,14 +7,16 @@
 //! All rows of all items go through each matmul together; only attention is
 //! per item.
 
-use specmesh_kernels::{QuantizedRows, vec};
+use specmesh_kernels::attn::AttnKernel;
+use specmesh_kernels::{Isa, QuantizedRows, ThreadPool, vec};
 
 use crate::attention::{self, Item, OutPtr, Shape};
 use crate::block::Block;
 use crate::error::{ModelError, Result};
 use crate::logits::Logits;
-use crate::model::Model;
+use crate::rope::Rope;
 use crate::sequence::Sequence;
+use crate::weights::Weights;
 
 /// Buffers reused across forwards so the decode loop does not allocate.
 #[derive(Debug, Default)]
@@ -30,8 +32,21 @@ pub(crate) struct Scratch {
     q8: QuantizedRows,
 }
 
+/// What one forward reads of a model: borrowed from a `Model` (or a
+/// truncated view of one) for the call, so this module needs nothing else
+/// of it.
+pub(crate) struct Parts<'a> {
+    pub weights: &'a Weights,
+    pub rope: &'a Rope,
+    /// Layers run (fewer than the weights hold in a truncated view).
+    pub n_layers: usize,
+    pub pool: &'a ThreadPool,
+    pub isa: Isa,
+    pub attention: AttnKernel,
+}
+
 pub(crate) fn run(
-    m: &Model,
+    m: &Parts<'_>,
     s: &mut Scratch,
     items: &mut [(&mut Sequence, &Block)],
 ) -> Result<Vec<Logits>> {
@@ -73,7 +88,7 @@ pub(crate) fn run(
     let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
     let qkv_stride = qd + 2 * kvd;
     let total: usize = items.iter().map(|(_, b)| b.len()).sum();
-    let (isa, pool) = (m.isa, &*m.pool);
+    let (isa, pool) = (m.isa, m.pool);
 
     s.x.resize(total * h, 0.0);
     {
@@ -99,7 +114,7 @@ pub(crate) fn run(
         head_dim: d,
         kv_dim: kvd,
         qkv_stride,
-        kernel: m.attention_kernel(),
+        kernel: m.attention,
     };
 
     for (l, w) in m.weights.layers[..m.n_layers].iter().enumerate() {
@@ -188,7 +203,10 @@ pub(crate) fn run(
             dst,
         );
     }
-    let vocab = cfg.vocab_size;
+    // One column per token the head scores: the vocabulary, or the subset
+    // a cheaper draft head keeps.
+    let vocab = m.weights.lm_head.rows();
+    let tokens = &m.weights.head_tokens;
     let mut logits = vec![0.0f32; rows.len() * vocab];
     m.weights
         .lm_head
@@ -201,7 +219,7 @@ pub(crate) fn run(
         seq.stage(block.positions(), parents);
     }
     if items.len() == 1 {
-        return Ok(vec![Logits::new(vocab, logits)]);
+        return Ok(vec![Logits::new(vocab, logits, tokens.clone())]);
     }
     let mut out = Vec::with_capacity(items.len());
     let mut at = 0;
@@ -210,6 +228,7 @@ pub(crate) fn run(
         out.push(Logits::new(
             vocab,
             logits[at * vocab..(at + n) * vocab].to_vec(),
+            tokens.clone(),
         ));
         at += n;
     }

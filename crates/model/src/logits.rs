@@ -1,4 +1,12 @@
 //! Logits returned by a forward, one row per requested token.
+//!
+//! A row has one column per token the lm_head scores: the whole vocabulary
+//! (column i is token i), or, for a draft model loaded with
+//! `LoadOptions::head_tokens`, only those tokens ([`Logits::token`] maps a
+//! column back to its id; [`Logits::argmax`] and [`Logits::top_k`] return
+//! ids).
+
+use std::sync::Arc;
 
 /// A token with its log-probability under the row's softmax.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -7,25 +15,47 @@ pub struct TopToken {
     pub logprob: f32,
 }
 
-/// `rows × vocab` logits, row-major.
+/// `rows × vocab` logits, row-major (`vocab`: columns per row).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Logits {
     vocab: usize,
     data: Vec<f32>,
+    /// Each column's token when the head scores only some tokens.
+    tokens: Option<Arc<[u32]>>,
 }
 
 impl Logits {
-    pub(crate) fn new(vocab: usize, data: Vec<f32>) -> Logits {
+    pub(crate) fn new(vocab: usize, data: Vec<f32>, tokens: Option<Arc<[u32]>>) -> Logits {
         debug_assert_eq!(data.len() % vocab, 0);
-        Logits { vocab, data }
+        debug_assert!(tokens.as_ref().is_none_or(|t| t.len() == vocab));
+        Logits {
+            vocab,
+            data,
+            tokens,
+        }
     }
 
     pub fn rows(&self) -> usize {
         self.data.len() / self.vocab
     }
 
+    /// Columns per row: the vocabulary size, or the number of tokens a
+    /// subset head scores.
     pub fn vocab(&self) -> usize {
         self.vocab
+    }
+
+    /// The token id of column `col`.
+    pub fn token(&self, col: usize) -> u32 {
+        match &self.tokens {
+            Some(t) => t[col],
+            None => col as u32,
+        }
+    }
+
+    /// Each column's token id when the head scores only some tokens.
+    pub fn tokens(&self) -> Option<&[u32]> {
+        self.tokens.as_deref()
     }
 
     pub fn row(&self, i: usize) -> &[f32] {
@@ -40,8 +70,9 @@ impl Logits {
         self.data
     }
 
-    /// The highest-scoring token of row i; the lowest id wins ties, so greedy
-    /// decoding is deterministic.
+    /// The highest-scoring token of row i; the first column wins ties (the
+    /// lowest id over the whole vocabulary), so greedy decoding is
+    /// deterministic.
     pub fn argmax(&self, i: usize) -> u32 {
         let mut best = 0;
         let row = self.row(i);
@@ -50,7 +81,7 @@ impl Logits {
                 best = t;
             }
         }
-        best as u32
+        self.token(best)
     }
 
     /// The `k` most likely tokens of row i with their log-probabilities,
@@ -75,7 +106,7 @@ impl Logits {
         idx.sort_by(by_score);
         idx.into_iter()
             .map(|t| TopToken {
-                token: t,
+                token: self.token(t as usize),
                 logprob: row[t as usize] - lse,
             })
             .collect()
@@ -88,13 +119,22 @@ mod tests {
 
     #[test]
     fn argmax_prefers_lowest_id_on_ties() {
-        let l = Logits::new(4, vec![1.0, 3.0, 3.0, 0.0]);
+        let l = Logits::new(4, vec![1.0, 3.0, 3.0, 0.0], None);
         assert_eq!(l.argmax(0), 1);
     }
 
     #[test]
+    fn a_subset_head_answers_in_token_ids() {
+        let l = Logits::new(3, vec![0.5, 2.0, 1.0], Some(Arc::from(vec![40, 7, 9])));
+        assert_eq!(l.argmax(0), 7);
+        assert_eq!((l.token(0), l.token(2)), (40, 9));
+        let top: Vec<u32> = l.top_k(0, 3).iter().map(|t| t.token).collect();
+        assert_eq!(top, vec![7, 9, 40]);
+    }
+
+    #[test]
     fn top_k_is_sorted_and_normalised() {
-        let l = Logits::new(4, vec![0.0, 2.0, 1.0, 2.0]);
+        let l = Logits::new(4, vec![0.0, 2.0, 1.0, 2.0], None);
         let top = l.top_k(0, 3);
         assert_eq!(
             top.iter().map(|t| t.token).collect::<Vec<_>>(),

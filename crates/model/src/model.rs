@@ -10,7 +10,7 @@ use specmesh_kernels::{Isa, ThreadPool};
 use crate::block::Block;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
-use crate::forward::{self, Scratch};
+use crate::forward::{self, Parts, Scratch};
 use crate::load::{LoadOptions, load_weights};
 use crate::logits::Logits;
 use crate::rope::Rope;
@@ -50,7 +50,8 @@ impl Model {
             Some(t) => t,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
-        let weights = load_weights(path, opts)?;
+        let mut weights = load_weights(path, opts)?;
+        weights.head_tokens = opts.head_tokens.map(Arc::from);
         let rope = Rope::new(&weights.config, weights.rope_freq_factors.as_deref());
         Ok(Model {
             n_layers: weights.config.n_layers,
@@ -86,6 +87,13 @@ impl Model {
 
     pub fn threads(&self) -> usize {
         self.pool.threads()
+    }
+
+    /// The tokens the lm_head scores, in logits-column order, when it
+    /// scores only some (`LoadOptions::head_tokens`); `None`: all of them,
+    /// column i being token i.
+    pub fn head_tokens(&self) -> Option<&[u32]> {
+        self.weights.head_tokens.as_deref()
     }
 
     /// Weight bytes one forward streams from memory (the floor of a decode step).
@@ -140,6 +148,14 @@ impl Model {
     /// input order. Nothing is staged if any item is invalid.
     pub fn forward_batch(&self, items: &mut [(&mut Sequence, &Block)]) -> Result<Vec<Logits>> {
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        forward::run(self, &mut scratch, items)
+        let parts = Parts {
+            weights: &self.weights,
+            rope: &self.rope,
+            n_layers: self.n_layers,
+            pool: &self.pool,
+            isa: self.isa,
+            attention: self.attention_kernel(),
+        };
+        forward::run(&parts, &mut scratch, items)
     }
 }

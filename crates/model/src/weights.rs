@@ -90,6 +90,9 @@ pub(crate) struct Weights {
     pub layers: Vec<LayerWeights>,
     pub norm: Vec<f32>,
     pub lm_head: Arc<QMatrix>,
+    /// The token of each lm_head row when it scores only some tokens
+    /// (`LoadOptions::head_tokens`); `None`: row i is token i.
+    pub head_tokens: Option<Arc<[u32]>>,
     pub rope_freq_factors: Option<Vec<f32>>,
 }
 

@@ -156,6 +156,79 @@ where
     A::from_arg_matches(&matches)
 }
 
+/// The service's flag reference as Markdown, from `A`'s command as the
+/// service parses it (so the docs cannot drift from the binary): one row
+/// per flag with its environment variable, default and help.
+pub fn flags_markdown<A: CommandFactory>(service: &Service) -> String {
+    let cmd = command::<A>(service);
+    let mut out = format!(
+        "# `{}` flags\n\n\
+         Generated from the binary's flag definitions (`cargo test -p specmesh-{}` \
+         checks it; `SPECMESH_WRITE_FLAGS=1 cargo test -p specmesh-{} flag_reference` \
+         rewrites it). Every flag can also be set through its environment variable.\n\n\
+         | flag | environment | default | what |\n|---|---|---|---|\n",
+        service.binary(),
+        service.name,
+        service.name,
+    );
+    for a in cmd.get_arguments() {
+        let Some(long) = a.get_long() else { continue };
+        if matches!(long, "help" | "version") {
+            continue;
+        }
+        let takes_value = a.get_action().takes_values();
+        let flag = match (takes_value, a.get_value_names()) {
+            (true, Some(names)) if !names.is_empty() => format!("`--{long} {}`", names[0]),
+            (true, _) => format!("`--{long} {}`", a.get_id().as_str().to_uppercase()),
+            (false, _) => format!("`--{long}`"),
+        };
+        let env = a
+            .get_env()
+            .map(|e| format!("`{}`", e.to_string_lossy()))
+            .unwrap_or_default();
+        let default: Vec<String> = a
+            .get_default_values()
+            .iter()
+            .map(|v| v.to_string_lossy().into_owned())
+            .collect();
+        let default = match (takes_value, default.is_empty()) {
+            (false, _) => "off".to_string(),
+            (true, true) => "—".to_string(),
+            (true, false) => format!("`{}`", default.join(",")),
+        };
+        let help = a
+            .get_long_help()
+            .or_else(|| a.get_help())
+            .map(|h| h.to_string())
+            .unwrap_or_default();
+        let help = help
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .replace('|', "\\|");
+        out.push_str(&format!("| {flag} | {env} | {default} | {help} |\n"));
+    }
+    out
+}
+
+/// Checks (or, with `SPECMESH_WRITE_FLAGS=1`, writes) a service's flag
+/// reference file: for each service's test suite.
+pub fn check_flags_file<A: CommandFactory>(service: &Service, path: &std::path::Path) {
+    let want = flags_markdown::<A>(service);
+    if std::env::var_os("SPECMESH_WRITE_FLAGS").is_some() {
+        std::fs::write(path, &want).expect("writing the flag reference");
+        return;
+    }
+    let have = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        have == want,
+        "{} is out of date with the flags: regenerate it with \
+         `SPECMESH_WRITE_FLAGS=1 cargo test -p specmesh-{} flag_reference`",
+        path.display(),
+        service.name
+    );
+}
+
 /// Flag defaults and variable names live as long as the process; the
 /// command is built once at startup (and a few times in tests).
 fn leak(s: String) -> &'static str {

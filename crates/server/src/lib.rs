@@ -5,11 +5,13 @@
 //! [`shutdown`]: the signals; [`telemetry`]: tracing with trace-context
 //! propagation; [`affinity`]: `--cpus`; [`metrics`]: Prometheus `/metrics`;
 //! [`tls`]: mutual TLS with certificate rotation; [`reload`]: files read
-//! again while serving; [`discovery`]: peer lists, static and from DNS.
+//! again while serving; [`discovery`]: peer lists, static and from DNS;
+//! [`backoff`]: the wait between tries to reach a peer.
 
 #![forbid(unsafe_code)]
 
 pub mod affinity;
+pub mod backoff;
 pub mod cli;
 pub mod client;
 pub mod discovery;

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use serde::Deserialize;
+use specmesh_testing::model_path;
 use specmesh_tokenizer::{ChatMessage, Tokenizer};
 
 #[derive(Deserialize)]
@@ -30,14 +31,6 @@ enum Case {
         rendered: String,
         ids: Vec<u32>,
     },
-}
-
-fn model_path() -> PathBuf {
-    if let Some(path) = std::env::var_os("SPECMESH_MODEL") {
-        return PathBuf::from(path);
-    }
-    let home = std::env::var_os("HOME").unwrap_or_default();
-    PathBuf::from(home).join(".cache/specmesh/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
 fn load_fixture() -> Fixture {

@@ -188,3 +188,64 @@ impl TreeBuilder {
         }
     }
 }
+
+/// The trees made whole in one call: through a builder, so they are
+/// checked like every other.
+impl TokenTree {
+    /// A tree of the root alone: plain decoding.
+    pub fn root_only(root: u32, limits: TreeLimits) -> Result<TokenTree, TreeError> {
+        TreeBuilder::new(root, limits).map(TreeBuilder::build)
+    }
+
+    /// A root-only tree as faithful to `root` and `limits` as they allow,
+    /// for a drafter whose context breaks its contract (empty, or a root
+    /// outside the vocabulary): it answers with this rather than a panic,
+    /// and the verifier refuses it like any other malformed tree. Token 0
+    /// when there is no root; a vocabulary just wide enough for the root
+    /// when the limits' is not.
+    pub fn placeholder(root: Option<u32>, limits: TreeLimits) -> TokenTree {
+        let root = root.unwrap_or(0);
+        TokenTree::root_only(root, limits)
+            .or_else(|_| {
+                let vocab = root.saturating_add(1);
+                TokenTree::root_only(root, TreeLimits { vocab, ..limits })
+            })
+            .or_else(|_| TokenTree::root_only(0, TreeLimits::new(1, 0, 1)))
+            .expect("token 0 always fits a vocabulary of one")
+    }
+
+    /// Builds a tree from wire data: `nodes[j]` is node `j + 1` as
+    /// (parent, token, score), and `dists` gives the draft distributions of
+    /// some nodes as (node, entries). Everything is checked; nothing is
+    /// trusted. Duplicate siblings are refused rather than merged, since a
+    /// sender that repeats itself is broken.
+    pub fn from_untrusted(
+        root: u32,
+        nodes: impl IntoIterator<Item = (u32, u32, f32)>,
+        dists: impl IntoIterator<Item = (u32, Vec<(u32, f32)>)>,
+        limits: TreeLimits,
+    ) -> Result<TokenTree, TreeError> {
+        let mut b = TreeBuilder::new(root, limits)?;
+        for (j, (parent, token, score)) in nodes.into_iter().enumerate() {
+            let index = j + 1;
+            if parent as usize >= index {
+                return Err(TreeError::BadParent {
+                    index,
+                    parent: parent as usize,
+                });
+            }
+            if let Some(sibling) = b.child_with(parent as usize, token) {
+                return Err(TreeError::DuplicateSibling {
+                    index,
+                    sibling,
+                    token,
+                });
+            }
+            b.push(parent as usize, token, score)?;
+        }
+        for (node, entries) in dists {
+            b.set_draft_dist(node as usize, entries)?;
+        }
+        Ok(b.build())
+    }
+}

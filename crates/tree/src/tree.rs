@@ -1,7 +1,5 @@
 //! The immutable tree and its read-only views.
 
-use crate::TreeError;
-
 /// Budgets a tree must respect. `max_nodes` counts the root.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TreeLimits {
@@ -90,46 +88,6 @@ pub struct TokenTree {
 }
 
 impl TokenTree {
-    /// A tree of the root alone: plain decoding.
-    pub fn root_only(root: u32, limits: TreeLimits) -> Result<TokenTree, TreeError> {
-        crate::TreeBuilder::new(root, limits).map(crate::TreeBuilder::build)
-    }
-
-    /// Builds a tree from wire data: `nodes[j]` is node `j + 1` as
-    /// (parent, token, score), and `dists` gives the draft distributions of
-    /// some nodes as (node, entries). Everything is checked; nothing is
-    /// trusted. Duplicate siblings are refused rather than merged, since a
-    /// sender that repeats itself is broken.
-    pub fn from_untrusted(
-        root: u32,
-        nodes: impl IntoIterator<Item = (u32, u32, f32)>,
-        dists: impl IntoIterator<Item = (u32, Vec<(u32, f32)>)>,
-        limits: TreeLimits,
-    ) -> Result<TokenTree, TreeError> {
-        let mut b = crate::TreeBuilder::new(root, limits)?;
-        for (j, (parent, token, score)) in nodes.into_iter().enumerate() {
-            let index = j + 1;
-            if parent as usize >= index {
-                return Err(TreeError::BadParent {
-                    index,
-                    parent: parent as usize,
-                });
-            }
-            if let Some(sibling) = b.child_with(parent as usize, token) {
-                return Err(TreeError::DuplicateSibling {
-                    index,
-                    sibling,
-                    token,
-                });
-            }
-            b.push(parent as usize, token, score)?;
-        }
-        for (node, entries) in dists {
-            b.set_draft_dist(node as usize, entries)?;
-        }
-        Ok(b.build())
-    }
-
     /// Number of nodes, root included (never 0).
     pub fn len(&self) -> usize {
         self.tokens.len()

@@ -339,3 +339,14 @@ fn a_subtree_is_rerooted_with_its_order_scores_and_draft_distributions() {
         Err(TreeError::NoSuchNode { index: 6, len: 6 })
     );
 }
+
+#[test]
+fn a_placeholder_is_the_root_alone_as_far_as_the_limits_allow() {
+    let limits = TreeLimits::new(8, 4, 100);
+    let t = TokenTree::placeholder(Some(7), limits);
+    assert_eq!((t.len(), t.token(0)), (1, 7));
+    // A root outside the vocabulary keeps its token under a vocabulary
+    // just wide enough; no root at all is token 0.
+    assert_eq!(TokenTree::placeholder(Some(500), limits).token(0), 500);
+    assert_eq!(TokenTree::placeholder(None, limits).token(0), 0);
+}

@@ -82,6 +82,17 @@ pub struct Args {
     /// behind.
     #[arg(long)]
     pub draft_ahead: bool,
+    /// Score only the draft model's N most frequent tokens (FR-Spec): its
+    /// lm_head shrinks to N rows, trees and a sampled node's q are over
+    /// those tokens, and rejection sampling stays exact. 0 scores the whole
+    /// vocabulary.
+    #[arg(long, default_value_t = 0)]
+    pub draft_head_tokens: usize,
+    /// The frequency ranking behind `--draft-head-tokens`, written by
+    /// `specmesh token-ranking` with the draft model's tokenizer (default:
+    /// the one shipped for that tokenizer, if any).
+    #[arg(long)]
+    pub token_ranking: Option<PathBuf>,
 }
 
 /// A flag combination that cannot run; messages name the flag.
@@ -130,6 +141,11 @@ pub struct DraftModelConfig {
     /// Draft the next tree during the verification of the last (see
     /// `Args::draft_ahead`).
     pub draft_ahead: bool,
+    /// Score only this many of the draft model's most frequent tokens
+    /// (`None`: all).
+    pub head_tokens: Option<usize>,
+    /// Their ranking (`None`: the one shipped for the tokenizer).
+    pub token_ranking: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -180,6 +196,8 @@ impl TryFrom<Args> for Config {
                     .transpose()?,
                 max_sessions: at_least("draft-model-sessions", a.draft_model_sessions, 1)?,
                 draft_ahead: a.draft_ahead,
+                head_tokens: (a.draft_head_tokens > 0).then_some(a.draft_head_tokens),
+                token_ranking: a.token_ranking,
             }),
             None => {
                 let orphan = [
@@ -187,6 +205,8 @@ impl TryFrom<Args> for Config {
                     ("target-tokenizer", a.target_tokenizer.is_some()),
                     ("draft-model-threads", a.draft_model_threads.is_some()),
                     ("draft-ahead", a.draft_ahead),
+                    ("draft-head-tokens", a.draft_head_tokens > 0),
+                    ("token-ranking", a.token_ranking.is_some()),
                 ];
                 if let Some((flag, _)) = orphan.iter().find(|(_, set)| *set) {
                     return Err(ConfigError::NeedsDraftModel { flag });
@@ -261,6 +281,18 @@ mod tests {
         assert_eq!(e, "`--draft-ahead` needs `--draft-model`");
         let m = parse(&["--draft-model", "m", "--draft-ahead"]).unwrap();
         assert!(m.draft_model.unwrap().draft_ahead);
+        let e = parse(&["--draft-head-tokens", "4096"])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "`--draft-head-tokens` needs `--draft-model`");
+        let m = parse(&["--draft-model", "m", "--draft-head-tokens", "4096"]).unwrap();
+        assert_eq!(m.draft_model.unwrap().head_tokens, Some(4096));
+        let m = parse(&["--draft-model", "m", "--draft-head-tokens", "0"]).unwrap();
+        assert_eq!(
+            m.draft_model.unwrap().head_tokens,
+            None,
+            "0: the whole vocabulary"
+        );
         let e = parse(&["--draft-model", "m", "--self-draft-layers", "0"])
             .unwrap_err()
             .to_string();
@@ -269,5 +301,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`--global-index-mib` must be <= 1048576"), "{e}");
+    }
+
+    #[test]
+    fn the_flag_reference_is_current() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/flags/drafter.md");
+        specmesh_server::cli::check_flags_file::<Args>(&SERVICE, &path);
     }
 }

@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use specmesh_draft_model::{BridgeError, TextBridge, VocabMismatch, check_vocab};
+use specmesh_draft_model::{BridgeError, TextBridge, TokenRanking, VocabMismatch, check_vocab};
 use specmesh_model::{LoadOptions, Model, ModelError};
 use specmesh_proto::TargetModel;
 use specmesh_tokenizer::{Tokenizer, TokenizerError};
@@ -46,6 +46,22 @@ pub enum DraftModelError {
         path: PathBuf,
         source: Box<TokenizerError>,
     },
+    #[error("`--draft-head-tokens` with the ranking {ranking}")]
+    Ranking {
+        ranking: String,
+        source: specmesh_draft_model::RankingError,
+    },
+    #[error("reading the token ranking {path}")]
+    RankingFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "`--draft-head-tokens` needs a token ranking for the draft model {draft}, and none ships \
+         for its tokenizer: make one with `specmesh token-ranking --model {draft} --out FILE` \
+         and pass `--token-ranking FILE`"
+    )]
+    NoRanking { draft: PathBuf },
     #[error("`--{flag}`")]
     Resolve {
         flag: &'static str,
@@ -68,6 +84,52 @@ pub enum DraftModelError {
         #[source]
         source: Box<BridgeError>,
     },
+}
+
+/// The `n` tokens the draft head keeps: the most frequent of the ranking
+/// given, or of the one shipped for the draft model's tokenizer.
+fn head_tokens(
+    cfg: &DraftModelConfig,
+    n: usize,
+    draft_tok: &Tokenizer,
+) -> Result<Vec<u32>, DraftModelError> {
+    let fingerprint = draft_tok.vocab_fingerprint();
+    let (ranking, name) = match &cfg.token_ranking {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|source| DraftModelError::RankingFile {
+                    path: path.clone(),
+                    source,
+                })?;
+            let ranking =
+                TokenRanking::parse(&text).map_err(|source| DraftModelError::Ranking {
+                    ranking: path.display().to_string(),
+                    source,
+                })?;
+            (ranking, path.display().to_string())
+        }
+        None => match TokenRanking::shipped(fingerprint) {
+            Some((ranking, name)) => (ranking, format!("shipped {name}")),
+            None => {
+                return Err(DraftModelError::NoRanking {
+                    draft: cfg.path.clone(),
+                });
+            }
+        },
+    };
+    let keep = ranking
+        .top(n, draft_tok.vocab_size(), fingerprint)
+        .map_err(|source| DraftModelError::Ranking {
+            ranking: name.clone(),
+            source,
+        })?;
+    tracing::info!(
+        ranking = %name,
+        head_tokens = keep.len(),
+        ranked = ranking.counts.len(),
+        "the draft head scores only its most frequent tokens"
+    );
+    Ok(keep)
 }
 
 /// The loaded draft model, its identity and its session slots.
@@ -195,8 +257,13 @@ impl DraftModel {
         if bridge.is_none() && cfg.target_tokenizer.is_some() {
             tracing::info!(draft = %name, "the draft model drafts in the target's vocabulary");
         }
+        let head = match cfg.head_tokens {
+            Some(n) => Some(head_tokens(cfg, n, &draft_tok)?),
+            None => None,
+        };
         let opts = LoadOptions {
             threads: cfg.threads,
+            head_tokens: head.as_deref(),
             ..LoadOptions::default()
         };
         let full = Model::load(&cfg.path, &opts).map_err(|source| DraftModelError::Load {
@@ -219,6 +286,7 @@ impl DraftModel {
             forward_ms = cost.map(|c| c.forward_secs * 1e3),
             layers = model.n_layers(),
             vocab = model.config().vocab_size,
+            head_tokens = model.head_tokens().map_or(model.config().vocab_size, <[u32]>::len),
             threads = model.threads(),
             sessions = cfg.max_sessions,
             "draft model loaded"

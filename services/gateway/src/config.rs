@@ -462,4 +462,11 @@ mod tests {
     fn a_missing_verifier_flag_is_a_usage_error() {
         assert!(args(&["specmesh-gateway"]).is_err());
     }
+
+    #[test]
+    fn the_flag_reference_is_current() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/flags/gateway.md");
+        specmesh_server::cli::check_flags_file::<Args>(&SERVICE, &path);
+    }
 }

@@ -26,10 +26,13 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
+use specmesh_server::backoff::Backoff;
+
 use crate::placement::Member;
 
 /// First wait before watching a member again after a failure; doubles up
-/// to [`RETRY_MAX`], and starts over once the member answers.
+/// to [`RETRY_MAX`] (each with jitter: [`Backoff`]), and starts over once
+/// the member answers.
 const RETRY_MIN: Duration = Duration::from_millis(250);
 const RETRY_MAX: Duration = Duration::from_secs(4);
 
@@ -82,7 +85,7 @@ impl Drop for Watches {
 /// Watches one member for as long as the gateway runs.
 async fn watch(role: Role, member: Member, channel: Channel) {
     let mut client = HealthClient::new(channel);
-    let mut retry = RETRY_MIN;
+    let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
     loop {
         let request = HealthCheckRequest {
             service: String::new(),
@@ -94,7 +97,7 @@ async fn watch(role: Role, member: Member, channel: Channel) {
                 // or breaks only when the member goes away.
                 while let Ok(Some(update)) = updates.message().await {
                     set(role, &member, update.status() == ServingStatus::Serving);
-                    retry = RETRY_MIN;
+                    retry.reset();
                 }
                 set(role, &member, false);
             }
@@ -109,8 +112,7 @@ async fn watch(role: Role, member: Member, channel: Channel) {
             }
             Err(_) => set(role, &member, false),
         }
-        tokio::time::sleep(retry).await;
-        retry = (retry * 2).min(RETRY_MAX);
+        tokio::time::sleep(retry.next_wait()).await;
     }
 }
 

@@ -21,9 +21,9 @@ use specmesh_model::Model;
 use specmesh_tree::TokenTree;
 use tokio::sync::oneshot;
 
+use crate::batch_metrics::Phase;
 use crate::error::VerifierError;
 use crate::goodput::{Goodput, Granted, SessionPlanning};
-use crate::metrics::Phase;
 
 /// A gap between forwards longer than this is idle time, not a step's.
 const MAX_STEP_GAP: Duration = Duration::from_secs(1);
@@ -56,7 +56,7 @@ pub struct Counters {
     pub steps: AtomicU64,
     pub batches: AtomicU64,
     /// Batch sizes, forward times and prefilled tokens, for Prometheus.
-    pub metrics: crate::metrics::BatchMetrics,
+    pub metrics: crate::batch_metrics::BatchMetrics,
     /// `--batch-window-us`: with a forward's time, how long the next
     /// batch waits for missing trees ([`batch_wait`]), which each outcome
     /// tells the drafter.

@@ -295,4 +295,11 @@ mod tests {
         );
         assert!(parse_curve("1:1,x:2").is_err());
     }
+
+    #[test]
+    fn the_flag_reference_is_current() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/flags/verifier.md");
+        specmesh_server::cli::check_flags_file::<Args>(&SERVICE, &path);
+    }
 }

@@ -265,7 +265,7 @@ impl Goodput {
     }
 
     /// Writes the step-time model and the overhead into `m`'s gauges.
-    pub fn export(&self, m: &crate::metrics::BatchMetrics) {
+    pub fn export(&self, m: &crate::batch_metrics::BatchMetrics) {
         for (model, sessions) in self.models.iter().zip(["1", "2", "4", "8", "16"]) {
             for (tokens, secs) in model.points() {
                 m.model_forward

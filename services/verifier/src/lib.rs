@@ -11,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+mod batch_metrics;
 mod batcher;
 pub mod calibrate;
 pub mod config;

@@ -7,11 +7,13 @@
 //! Endpoints are tried in the gateway's order for the tenant (the run's
 //! fallbacks), then the session's own drafter again (a restarted pod comes
 //! back at its address), round and round; each failed try doubles the
-//! wait before the next, from [`FIRST_BACKOFF`] to [`MAX_BACKOFF`], and a
-//! link that opens resets it.
+//! wait before the next, from [`FIRST_BACKOFF`] to [`MAX_BACKOFF`] (with
+//! jitter, so sessions that lost the same drafter do not retry in step),
+//! and a link that opens resets it.
 
 use std::time::Duration;
 
+use specmesh_server::backoff::Backoff;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -24,11 +26,11 @@ pub const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(4);
 
 /// Which endpoint to try next, and when: the schedule alone, no I/O.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Schedule {
     endpoints: Vec<String>,
     next: usize,
-    backoff: Duration,
+    backoff: Backoff,
     not_before: Instant,
 }
 
@@ -44,7 +46,7 @@ impl Schedule {
         Schedule {
             endpoints,
             next: 0,
-            backoff: FIRST_BACKOFF,
+            backoff: Backoff::new(FIRST_BACKOFF, MAX_BACKOFF),
             not_before: now,
         }
     }
@@ -61,13 +63,12 @@ impl Schedule {
 
     /// The try failed: the next one waits the back-off, which grows.
     pub fn failed(&mut self, now: Instant) {
-        self.not_before = now + self.backoff;
-        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        self.not_before = now + self.backoff.next_wait();
     }
 
     /// A link opened: should it be lost too, the next try is due at once.
     pub fn attached(&mut self, now: Instant) {
-        self.backoff = FIRST_BACKOFF;
+        self.backoff.reset();
         self.not_before = now;
     }
 }
@@ -167,19 +168,25 @@ mod tests {
         let mut s = Schedule::new(&plan("a", &["b"]), t0);
         assert!(s.due(t0).is_some());
         let mut now = t0;
-        let mut waits = Vec::new();
-        for _ in 0..6 {
+        for base in [250u64, 500, 1000, 2000, 4000, 4000] {
             s.failed(now);
             let wait = s.not_before - now;
             assert!(s.due(now + wait - Duration::from_millis(1)).is_none());
             assert!(s.due(now + wait).is_some());
-            waits.push(wait.as_millis());
+            // The step, plus up to as much again of jitter.
+            let ms = wait.as_millis() as u64;
+            assert!(
+                (base..2 * base).contains(&ms),
+                "{ms} ms for a {base} ms step"
+            );
             now += wait;
         }
-        assert_eq!(waits, [250, 500, 1000, 2000, 4000, 4000]);
         s.attached(now);
         assert!(s.due(now).is_some(), "a lost link is retried at once");
         s.failed(now);
-        assert_eq!((s.not_before - now).as_millis(), 250);
+        assert!(
+            (s.not_before - now).as_millis() < 500,
+            "the back-off starts over"
+        );
     }
 }

@@ -12,11 +12,11 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tonic::Status;
 use tracing::Instrument;
 
+use crate::batch_metrics::Phase;
 use crate::draft_link::DraftLink;
 use crate::error::VerifierError;
 use crate::goodput::SessionPlanning;
 use crate::memory::Reservation;
-use crate::metrics::Phase;
 use crate::reattach::Reattach;
 use crate::state::{Gauge, State};
 use crate::step::{StepGrant, Steps, TreeBounds};

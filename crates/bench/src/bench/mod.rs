@@ -91,6 +91,10 @@ pub struct Args {
     /// drafter has cores of its own, `--drafter-cpus`).
     #[arg(long, requires = "draft_model")]
     draft_ahead: bool,
+    /// With --up and --draft-model: the draft model scores only its N most
+    /// frequent tokens (`specmesh-drafter --draft-head-tokens`; 0: all).
+    #[arg(long, requires = "draft_model")]
+    draft_head_tokens: Option<usize>,
     /// With --up: the drafter as a separate host (another network
     /// namespace, an added round trip; see `tools/bench/netns.sh`).
     #[command(flatten)]
@@ -291,9 +295,10 @@ pub fn run(args: Args) -> Result<()> {
                     drafter_cpus: args.drafter_cpus.clone(),
                     drafter_threads: args.drafter_threads,
                     draft_ahead: args.draft_ahead,
+                    draft_head_tokens: args.draft_head_tokens,
                     link: args.link.clone(),
                     metrics: false,
-                    http: false,
+                    http: None,
                     timeout: Duration::from_secs(600),
                 })
                 .await?,

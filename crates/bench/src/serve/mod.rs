@@ -157,9 +157,10 @@ pub fn run(args: Args) -> Result<()> {
                     drafter_cpus: None,
                     drafter_threads: None,
                     draft_ahead: false,
+                    draft_head_tokens: None,
                     link: Default::default(),
                     metrics: false,
-                    http: transport == Transport::Http,
+                    http: (transport == Transport::Http).then(|| ([127, 0, 0, 1], 0).into()),
                     timeout: Duration::from_secs(600),
                 })
                 .await?,

@@ -17,6 +17,10 @@ pub struct Args {
     /// The gateway's address.
     #[arg(long, default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
+    /// The gateway's OpenAI-compatible HTTP front (`/v1/chat/completions`,
+    /// `/v1/completions`, `/v1/models`), e.g. 127.0.0.1:8080; unset: none.
+    #[arg(long)]
+    http_listen: Option<SocketAddr>,
     /// Verifier processes.
     #[arg(long, default_value_t = 1)]
     verifiers: usize,
@@ -48,6 +52,10 @@ pub struct Args {
     /// drafters have cores of their own (`--drafter-cpus`).
     #[arg(long, requires = "draft_model")]
     draft_ahead: bool,
+    /// The draft model scores only its N most frequent tokens
+    /// (`specmesh-drafter --draft-head-tokens`; 0: all).
+    #[arg(long, requires = "draft_model")]
+    draft_head_tokens: Option<usize>,
     /// The drafters as a separate host: another network namespace, an
     /// added round trip (`tools/bench/netns.sh` makes the namespace).
     #[command(flatten)]
@@ -69,9 +77,10 @@ pub fn run(args: Args) -> Result<()> {
             drafter_cpus: args.drafter_cpus,
             drafter_threads: args.drafter_threads,
             draft_ahead: args.draft_ahead,
+            draft_head_tokens: args.draft_head_tokens,
             link: args.link,
             metrics: true,
-            http: false,
+            http: args.http_listen,
             timeout: Duration::from_secs(args.start_timeout_secs),
         })
         .await?;
@@ -86,8 +95,14 @@ pub fn run(args: Args) -> Result<()> {
                 s.metrics.as_deref().unwrap_or("-")
             );
         }
-        if let Some(m) = &mesh.gateway.metrics {
-            println!("specmesh-gateway metrics {m}");
+        println!(
+            "specmesh-gateway at {} (pid {}) metrics {}",
+            mesh.gateway.url(),
+            mesh.gateway.pid().unwrap_or(0),
+            mesh.gateway.metrics.as_deref().unwrap_or("-")
+        );
+        if let Some(http) = &mesh.gateway.http {
+            println!("specmesh-gateway http at {http} (OpenAI-compatible)");
         }
         println!("specmesh up: gateway listening on {}", mesh.gateway.addr);
         println!("stop with Ctrl-C");

@@ -124,10 +124,10 @@ impl Candidates {
     /// nodes winning ties, always ancestor-closed.
     pub(crate) fn build(&mut self) -> TokenTree {
         let (Some(limits), Some(root)) = (self.limits, self.nodes.first().map(|n| n.token)) else {
-            return super::placeholder(None, TreeLimits::new(1, 0, 1));
+            return TokenTree::placeholder(None, TreeLimits::new(1, 0, 1));
         };
         let Ok(mut b) = TreeBuilder::new(root, limits) else {
-            return super::placeholder(Some(root), limits);
+            return TokenTree::placeholder(Some(root), limits);
         };
         self.out.clear();
         self.out.resize(self.nodes.len(), NIL);

@@ -23,7 +23,7 @@
 
 use std::fmt;
 
-use specmesh_tree::{TokenTree, TreeLimits, merge};
+use specmesh_tree::{TokenTree, merge};
 
 use crate::{DraftContext, Drafter, Feedback};
 use candidates::Candidates;
@@ -108,7 +108,7 @@ impl Drafter for Merged {
             // Only `merge` knows when a draft distribution survives.
             let refs: Vec<&TokenTree> = self.trees.iter().collect();
             return merge(&refs, ctx.limits)
-                .unwrap_or_else(|_| placeholder(Some(root), ctx.limits));
+                .unwrap_or_else(|_| TokenTree::placeholder(Some(root), ctx.limits));
         }
         // The same union and best-first cut as `merge`, in reused buffers.
         self.cands.reset(root, ctx.limits);
@@ -143,19 +143,7 @@ pub(crate) fn checked_root(ctx: &DraftContext<'_>) -> Option<u32> {
 
 /// The root-only tree for a context [`checked_root`] refused.
 pub(crate) fn fallback(ctx: &DraftContext<'_>) -> TokenTree {
-    placeholder(ctx.tokens.last().copied(), ctx.limits)
-}
-
-/// A root-only tree, as faithful to `root` and `limits` as they allow.
-pub(crate) fn placeholder(root: Option<u32>, limits: TreeLimits) -> TokenTree {
-    let root = root.unwrap_or(0);
-    TokenTree::root_only(root, limits)
-        .or_else(|_| {
-            let vocab = root.saturating_add(1);
-            TokenTree::root_only(root, TreeLimits { vocab, ..limits })
-        })
-        .or_else(|_| TokenTree::root_only(0, TreeLimits::new(1, 0, 1)))
-        .expect("token 0 always fits a vocabulary of one")
+    TokenTree::placeholder(ctx.tokens.last().copied(), ctx.limits)
 }
 
 #[cfg(test)]

@@ -1,3 +1,4 @@
+use specmesh_tree::TreeLimits;
 use std::sync::{Arc, Mutex};
 
 use super::*;

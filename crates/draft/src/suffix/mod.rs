@@ -31,7 +31,7 @@ use std::sync::{Arc, RwLock};
 use specmesh_tree::TokenTree;
 
 use crate::merged::candidates::Candidates;
-use crate::merged::{checked_root, fallback, placeholder};
+use crate::merged::{checked_root, fallback};
 use crate::{DraftContext, Drafter, Feedback};
 
 mod global;
@@ -282,7 +282,7 @@ impl Drafter for SuffixDrafter {
         self.prompt_len = ctx.prompt_len;
         self.pending.clear();
         if ctx.limits.max_nodes <= 1 || ctx.limits.max_depth == 0 {
-            return placeholder(Some(root), ctx.limits);
+            return TokenTree::placeholder(Some(root), ctx.limits);
         }
         let SuffixDrafter {
             cfg,

@@ -25,6 +25,7 @@ struct Reader<'a> {
     content: Content,
     progress: Option<Progress<'a>>,
     dequantize: bool,
+    head_tokens: Option<&'a [u32]>,
     done: u64,
     total: u64,
 }
@@ -33,6 +34,7 @@ pub(super) fn load(
     path: &Path,
     progress: Option<Progress<'_>>,
     dequantize: bool,
+    head_tokens: Option<&[u32]>,
 ) -> Result<Weights> {
     let io = |source| ModelError::Io {
         path: path.to_owned(),
@@ -58,6 +60,7 @@ pub(super) fn load(
         done: 0,
         progress,
         dequantize,
+        head_tokens,
         content,
     };
     r.check_extent(file_len)?;
@@ -263,6 +266,22 @@ impl Reader<'_> {
 
     /// A 2-D weight of `rows` output features over `cols` inputs.
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<QMatrix> {
+        let weights = self.weights(name, rows, cols)?;
+        let info = self.owned_info(name)?;
+        self.tick(tensor_bytes(&info));
+        QMatrix::new(rows, cols, weights).map_err(|e| self.tensor_err(name, e))
+    }
+
+    /// The rows `keep` of the 2-D weight `name` (`rows × cols`), in that
+    /// order: a head that scores only some tokens.
+    fn rows_of(&mut self, name: &str, rows: usize, cols: usize, keep: &[u32]) -> Result<QMatrix> {
+        let weights = super::select_rows(self.weights(name, rows, cols)?, cols, keep);
+        QMatrix::new(keep.len(), cols, weights).map_err(|e| self.tensor_err(name, e))
+    }
+
+    /// A 2-D weight's data as stored (natively quantized formats) or
+    /// dequantized, before any repacking.
+    fn weights(&mut self, name: &str, rows: usize, cols: usize) -> Result<KWeights> {
         let info = self.owned_info(name)?;
         let dims = info.shape.dims().to_vec();
         if dims != [rows, cols] {
@@ -282,7 +301,7 @@ impl Reader<'_> {
             GgmlDType::Q6K => Some(QFormat::Q6_K),
             _ => None,
         };
-        let weights = match native {
+        Ok(match native {
             Some(format) if cols.is_multiple_of(format.block_len()) && !self.dequantize => {
                 let mut data = vec![0u8; tensor_bytes(&info) as usize];
                 let start = self.content.tensor_data_offset + info.offset;
@@ -293,9 +312,7 @@ impl Reader<'_> {
                 KWeights::Quant { format, data }
             }
             _ => KWeights::F32(self.dequantized(name, &info)?),
-        };
-        self.tick(tensor_bytes(&info));
-        QMatrix::new(rows, cols, weights).map_err(|e| self.tensor_err(name, e))
+        })
     }
 
     fn dequantized(&mut self, name: &str, info: &TensorInfo) -> Result<Vec<f32>> {
@@ -360,10 +377,25 @@ impl Reader<'_> {
         }
         let norm = self.vector("output_norm.weight", h)?;
         // Models with tied embeddings (SmolLM2, Llama 3.2 1B) have no output.weight.
-        let lm_head = if self.content.tensor_infos.contains_key("output.weight") {
-            Arc::new(self.matrix("output.weight", v, h)?)
+        let head_name = if self.content.tensor_infos.contains_key("output.weight") {
+            "output.weight"
         } else {
-            Arc::clone(&embed)
+            "token_embd.weight"
+        };
+        let lm_head = match self.head_tokens {
+            Some(keep) => {
+                super::check_head_tokens(keep, v)?;
+                let head = self.rows_of(head_name, v, h, keep)?;
+                if head_name == "output.weight" {
+                    // Read once, like every tensor; a tied head was read as
+                    // the embedding.
+                    let info = self.owned_info(head_name)?;
+                    self.tick(tensor_bytes(&info));
+                }
+                Arc::new(head)
+            }
+            None if head_name == "output.weight" => Arc::new(self.matrix(head_name, v, h)?),
+            None => Arc::clone(&embed),
         };
         let rope_freq_factors = if self.content.tensor_infos.contains_key("rope_freqs.weight") {
             Some(self.vector("rope_freqs.weight", config.head_dim / 2)?)
@@ -376,6 +408,7 @@ impl Reader<'_> {
             layers,
             norm,
             lm_head,
+            head_tokens: None,
             rope_freq_factors,
         })
     }

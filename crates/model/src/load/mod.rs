@@ -25,6 +25,12 @@ pub struct LoadOptions<'a> {
     /// Dequantize every weight to f32 and skip activation quantization: a
     /// slow, high-precision reference for accuracy comparisons.
     pub dequantize: bool,
+    /// Score only these tokens (distinct ids below the vocabulary size):
+    /// the lm_head keeps just their rows and each [`crate::Logits`] row has
+    /// one column per token, in this order. A draft model's cheaper head
+    /// (FR-Spec: its most frequent tokens); `None` scores the whole
+    /// vocabulary.
+    pub head_tokens: Option<&'a [u32]>,
 }
 
 impl std::fmt::Debug for LoadOptions<'_> {
@@ -33,6 +39,7 @@ impl std::fmt::Debug for LoadOptions<'_> {
             .field("threads", &self.threads)
             .field("isa", &self.isa)
             .field("dequantize", &self.dequantize)
+            .field("head_tokens", &self.head_tokens.map(<[u32]>::len))
             .finish_non_exhaustive()
     }
 }
@@ -66,8 +73,60 @@ impl ModelFormat {
 
 pub(crate) fn load_weights(path: &Path, opts: &LoadOptions<'_>) -> Result<Weights> {
     let progress = opts.progress;
+    let head = opts.head_tokens;
     match ModelFormat::detect(path)? {
-        ModelFormat::Gguf => gguf::load(path, progress, opts.dequantize),
-        ModelFormat::Safetensors => safetensors::load(path, progress),
+        ModelFormat::Gguf => gguf::load(path, progress, opts.dequantize, head),
+        ModelFormat::Safetensors => safetensors::load(path, progress, head),
+    }
+}
+
+/// Checks `head_tokens` against the vocabulary: some, each in range, none
+/// twice.
+pub(crate) fn check_head_tokens(tokens: &[u32], vocab: usize) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(ModelError::InvalidOption(
+            "`head_tokens` must name at least one token".into(),
+        ));
+    }
+    let mut seen = vec![false; vocab];
+    for &t in tokens {
+        let Some(s) = seen.get_mut(t as usize) else {
+            return Err(ModelError::InvalidOption(format!(
+                "`head_tokens` names token {t}, outside the vocabulary of {vocab}"
+            )));
+        };
+        if std::mem::replace(s, true) {
+            return Err(ModelError::InvalidOption(format!(
+                "`head_tokens` names token {t} twice"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The rows `keep` of a `rows × cols` weight, in that order (GGML blocks
+/// are whole rows, so quantized rows are copied as they are).
+pub(crate) fn select_rows(
+    weights: specmesh_kernels::Weights,
+    cols: usize,
+    keep: &[u32],
+) -> specmesh_kernels::Weights {
+    use specmesh_kernels::Weights as W;
+    match weights {
+        W::Quant { format, data } => {
+            let rb = format.row_bytes(cols);
+            let mut out = Vec::with_capacity(keep.len() * rb);
+            for &r in keep {
+                out.extend_from_slice(&data[r as usize * rb..][..rb]);
+            }
+            W::Quant { format, data: out }
+        }
+        W::F32(data) => {
+            let mut out = Vec::with_capacity(keep.len() * cols);
+            for &r in keep {
+                out.extend_from_slice(&data[r as usize * cols..][..cols]);
+            }
+            W::F32(out)
+        }
     }
 }

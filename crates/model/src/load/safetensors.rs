@@ -41,7 +41,11 @@ struct HfConfig {
     rope_scaling: Option<serde_json::Value>,
 }
 
-pub(super) fn load(dir: &Path, progress: Option<Progress<'_>>) -> Result<Weights> {
+pub(super) fn load(
+    dir: &Path,
+    progress: Option<Progress<'_>>,
+    head_tokens: Option<&[u32]>,
+) -> Result<Weights> {
     let cfg_path = dir.join("config.json");
     let raw = std::fs::read_to_string(&cfg_path).map_err(|source| ModelError::Io {
         path: cfg_path.clone(),
@@ -122,7 +126,7 @@ pub(super) fn load(dir: &Path, progress: Option<Progress<'_>>) -> Result<Weights
             p(i as u64 + 1, total);
         }
     }
-    Loader { dir, tensors }.build(config)
+    Loader { dir, tensors }.build(config, head_tokens)
 }
 
 struct Loader<'a> {
@@ -197,7 +201,7 @@ impl Loader<'_> {
         })
     }
 
-    fn build(self, config: LlamaConfig) -> Result<Weights> {
+    fn build(self, config: LlamaConfig, head_tokens: Option<&[u32]>) -> Result<Weights> {
         let (h, f, v, d) = (
             config.hidden_size,
             config.intermediate_size,
@@ -242,10 +246,26 @@ impl Loader<'_> {
             });
         }
         let norm = self.f32("model.norm.weight", &[h])?;
-        let lm_head = if self.tensors.contains_key("lm_head.weight") {
-            Arc::new(self.matrix("lm_head.weight", v, h)?)
+        let head_name = if self.tensors.contains_key("lm_head.weight") {
+            "lm_head.weight"
         } else {
-            Arc::clone(&embed)
+            "model.embed_tokens.weight"
+        };
+        let lm_head = match head_tokens {
+            Some(keep) => {
+                super::check_head_tokens(keep, v)?;
+                let rows =
+                    super::select_rows(KWeights::F32(self.f32(head_name, &[v, h])?), h, keep);
+                Arc::new(
+                    QMatrix::new(keep.len(), h, rows).map_err(|e| ModelError::Tensor {
+                        path: self.dir.to_owned(),
+                        name: head_name.into(),
+                        reason: e.to_string(),
+                    })?,
+                )
+            }
+            None if head_name == "lm_head.weight" => Arc::new(self.matrix(head_name, v, h)?),
+            None => Arc::clone(&embed),
         };
         Ok(Weights {
             config,
@@ -253,6 +273,7 @@ impl Loader<'_> {
             layers,
             norm,
             lm_head,
+            head_tokens: None,
             rope_freq_factors: None,
         })
     }

@@ -2,33 +2,11 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use specmesh_model::{LoadOptions, Model};
 
-/// The test model: `$SPECMESH_MODEL`, else the `specmesh model fetch` cache.
-pub fn model_path() -> PathBuf {
-    let path = std::env::var_os("SPECMESH_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(".cache/specmesh/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.exists(),
-        "model not found at {}: run `cargo run --release -p specmesh-cli -- model fetch`",
-        path.display()
-    );
-    path
-}
-
-/// A catalog model from the cache (`specmesh model fetch NAME` puts it there).
-pub fn catalog_path(name: &str) -> PathBuf {
-    specmesh_catalog::resolve(Some(std::path::Path::new(name))).unwrap_or_else(|e| panic!("{e}"))
-}
+pub use specmesh_testing::{catalog_path, model_path};
 
 /// Qwen2.5-Coder-0.5B (qwen2: Q/K/V biases, NeoX RoPE; Q5_0, Q8_0, Q4_K
 /// and Q6_K weights), loaded once per test binary.

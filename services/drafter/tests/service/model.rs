@@ -2,7 +2,6 @@
 //! `specmesh model fetch` cache). A missing model fails the test: CI always
 //! has it, and a skipped test proves nothing.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use specmesh_drafter::DraftModelConfig;
@@ -11,23 +10,7 @@ use specmesh_proto::v1;
 use specmesh_tokenizer::Tokenizer;
 
 use crate::common::{Drafter, Stream, config, root_child};
-
-fn model_path() -> PathBuf {
-    let path = std::env::var_os("SPECMESH_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(".cache/specmesh/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.exists(),
-        "model not found at {} (set SPECMESH_MODEL or run `cargo run --release -p specmesh-cli -- model fetch`)",
-        path.display()
-    );
-    path
-}
+use specmesh_testing::model_path;
 
 fn model_config(layers: Option<usize>) -> DraftModelConfig {
     DraftModelConfig {
@@ -37,6 +20,8 @@ fn model_config(layers: Option<usize>) -> DraftModelConfig {
         threads: Some(2),
         max_sessions: 4,
         draft_ahead: false,
+        head_tokens: None,
+        token_ranking: None,
     }
 }
 
@@ -278,6 +263,8 @@ async fn a_guess_that_holds_is_sent_as_the_next_tree() {
     let mut cfg = config();
     cfg.draft_model = Some(DraftModelConfig {
         draft_ahead: true,
+        head_tokens: None,
+        token_ranking: None,
         ..model_config(None)
     });
     let drafter = Drafter::start(cfg).await;
@@ -356,4 +343,47 @@ async fn a_guess_that_holds_is_sent_as_the_next_tree() {
     assert!(ahead >= 3, "{ahead} of 5 trees came from a guess");
     stream.close().await;
     drafter.shutdown().await.unwrap();
+}
+
+/// `--draft-head-tokens`: the shipped ranking serves by default; a ranking
+/// counted with another tokenizer, or a file that is not one, stops the
+/// drafter at start with a message that says what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draft_head_ranking_of_another_tokenizer_is_refused_at_start() {
+    let mut cfg = config();
+    cfg.draft_model = Some(DraftModelConfig {
+        head_tokens: Some(2048),
+        ..model_config(None)
+    });
+    let drafter = Drafter::start(cfg).await;
+    drafter.shutdown().await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let qwen = dir.path().join("qwen.txt");
+    let other = specmesh_draft_model::TokenRanking::from_counts(0x1234, "test".into(), &[0, 3, 1]);
+    std::fs::write(&qwen, other.to_text()).unwrap();
+    let junk = dir.path().join("junk.txt");
+    std::fs::write(&junk, "1 2\n").unwrap();
+    for (file, says) in [
+        (qwen, "make one for this model with `specmesh token-ranking"),
+        (junk, "not a token ranking"),
+        (dir.path().join("missing.txt"), "reading the token ranking"),
+    ] {
+        let mut cfg = config();
+        cfg.draft_model = Some(DraftModelConfig {
+            head_tokens: Some(2048),
+            token_ranking: Some(file.clone()),
+            ..model_config(None)
+        });
+        let err = tokio::time::timeout(Duration::from_secs(60), specmesh_drafter::bind(cfg))
+            .await
+            .unwrap()
+            .expect_err("a bad ranking is refused");
+        let msg = format!("{err:#}");
+        assert!(msg.contains(says), "{}: {msg}", file.display());
+        assert!(
+            msg.contains("--draft-head-tokens") || msg.contains("token ranking"),
+            "{msg}"
+        );
+    }
 }
