@@ -26,7 +26,9 @@ echo "model: $SPECMESH_MODEL"
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
+started=$SECONDS
 cargo test --release --locked --workspace "$@" 2>&1 | tee "$log"
+echo "suite time: $((SECONDS - started)) s (tests only; builds and installs before them not counted)"
 # One closing line for the whole run (cargo prints one per test binary, the
 # last ones being empty doc-test runs).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1) } }
