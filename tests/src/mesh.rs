@@ -14,6 +14,10 @@ use crate::{model_path, specmesh_bin};
 
 /// SmolLM2-135M's cost curve as measured (docs/performance.md); measuring
 /// it at every start would add seconds to every test.
+/// A verify cost that barely grows with the tree: the policy then drafts
+/// with a draft model however its forward compares to the target's.
+pub const FLAT_CURVE: &str = "1:1,2:1.01,4:1.02,8:1.04,16:1.08,32:1.16,64:1.32";
+
 const SMOLLM2_COST_CURVE: &str = "1:1,2:1.26,4:1.85,8:2.99,16:5.02,32:9.5,64:18";
 
 /// A service started by `specmesh up`.
@@ -103,6 +107,23 @@ impl Mesh {
             draft_model.display().to_string(),
         ];
         Mesh::start_up(model, cost_curve, &args, env)
+    }
+
+    /// A self-draft mesh: the drafter drafts with the target's first 8
+    /// layers, on a verify cost curve that barely grows with the tree (so
+    /// the policy drafts with it however its forward compares to the
+    /// target's), with trees verified whole (the goodput planner learns
+    /// this machine's step times and may rightly prune every node of a
+    /// slow self-draft, and then no tree of it would be tested); `extra`
+    /// adds drafter or verifier settings.
+    pub fn start_self_draft(extra: &[(&str, &str)]) -> Mesh {
+        let mut env = vec![
+            ("SPECMESH_DRAFTER_SELF_DRAFT_LAYERS", "8"),
+            ("SPECMESH_VERIFIER_COST_CURVE", FLAT_CURVE),
+            ("SPECMESH_VERIFIER_GOODPUT_PLANNER", "false"),
+        ];
+        env.extend_from_slice(extra);
+        Mesh::start_with_draft_model(&model_path(), &env)
     }
 
     /// The default model with `args` added to `specmesh up`.

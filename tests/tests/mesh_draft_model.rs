@@ -4,7 +4,7 @@
 //! and a draft model that cannot serve the target is refused with
 //! FAILED_PRECONDITION naming both models.
 
-use specmesh_e2e::mesh::{Mesh, chat_request, with_mode, without_speculation};
+use specmesh_e2e::mesh::{FLAT_CURVE, Mesh, chat_request, with_mode, without_speculation};
 use specmesh_e2e::model_path;
 use specmesh_e2e::service::Service;
 use specmesh_proto::v1;
@@ -14,11 +14,6 @@ use tonic::Code;
 /// The three meshes take turns: all at once on two cores, each one's
 /// measured steps would mostly be the others' load.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A verify cost that barely grows with the tree, so the policy drafts with
-/// the self-draft however its measured forward compares to the target's:
-/// this test is about what the draft model's trees do, not whether they pay.
-const FLAT_CURVE: &str = "1:1,2:1.01,4:1.02,8:1.04,16:1.08,32:1.16,64:1.32";
 
 const PROMPTS: [&str; 3] = [
     "List the planets of the solar system in order from the sun.",
@@ -43,17 +38,7 @@ async fn a_frequent_token_draft_head_keeps_greedy_output() {
 /// plain decoding's, and the draft model drafts.
 async fn greedy_matches_plain_decoding(extra: &[(&str, &str)]) {
     let _turn = SERIAL.lock().await;
-    let mut env = vec![
-        ("SPECMESH_DRAFTER_SELF_DRAFT_LAYERS", "8"),
-        ("SPECMESH_VERIFIER_COST_CURVE", FLAT_CURVE),
-        // Trees verified whole: the goodput planner learns the step
-        // times this machine measures (the curve is only its prior)
-        // and may rightly prune every node of a slow self-draft, and
-        // then no tree of the draft model would be checked at all.
-        ("SPECMESH_VERIFIER_GOODPUT_PLANNER", "false"),
-    ];
-    env.extend_from_slice(extra);
-    let mesh = Mesh::start_with_draft_model(&model_path(), &env);
+    let mesh = Mesh::start_self_draft(extra);
     let mut client = mesh.client().await;
     let mut drafted = 0;
     for text in PROMPTS {

@@ -15,7 +15,6 @@
 //! tokens (FR-Spec).
 
 use specmesh_e2e::mesh::{Mesh, generate_all, sampled_request, with_mode, without_speculation};
-use specmesh_e2e::model_path;
 use specmesh_e2e::stats::{chi2_999, homogeneity};
 use specmesh_proto::v1;
 
@@ -41,10 +40,6 @@ fn sampled(temperature: f32, top_p: f32, seed: u64) -> v1::GenerateRequest {
     r
 }
 
-/// A verify cost that barely grows with the tree, so the policy drafts with
-/// the self-draft however its forward compares to the target's.
-const FLAT_CURVE: &str = "1:1,2:1.01,4:1.02,8:1.04,16:1.08,32:1.16,64:1.32";
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draft_model_sampling_follows_the_target() {
     sampling_follows_the_target(&[]).await;
@@ -61,16 +56,7 @@ async fn a_frequent_token_draft_head_keeps_sampling_exact() {
 /// The chi-square test with a self-draft of the target's first 8 layers
 /// and `extra` drafter settings.
 async fn sampling_follows_the_target(extra: &[(&str, &str)]) {
-    let mut env = vec![
-        ("SPECMESH_DRAFTER_SELF_DRAFT_LAYERS", "8"),
-        ("SPECMESH_VERIFIER_COST_CURVE", FLAT_CURVE),
-        // Trees verified whole: the planner, learning this machine's
-        // step times under a batch, may rightly prune a slow
-        // self-draft's nodes, and then no q would be tested.
-        ("SPECMESH_VERIFIER_GOODPUT_PLANNER", "false"),
-    ];
-    env.extend_from_slice(extra);
-    let mesh = Mesh::start_with_draft_model(&model_path(), &env);
+    let mesh = Mesh::start_self_draft(extra);
     for (temperature, top_p) in [(1.0, 1.0), (0.7, 0.9)] {
         let (mut with, mut without) = (Vec::new(), Vec::new());
         let mut differ = 0;

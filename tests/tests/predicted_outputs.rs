@@ -95,13 +95,16 @@ async fn a_prediction_changes_no_output_and_is_accepted_where_it_holds() {
         steps(&exact),
         steps(&none)
     );
-    // The edited one still helps where the output follows it, and costs
-    // steps where it does not.
+    // The edited one still helps where the output follows it, and less of
+    // it is used. (Its steps against the exact one's are not compared: how
+    // deep each tree may go is sized by measured step times, so a few steps
+    // either way are the machine's, not the prediction's.)
     assert!(steps(&partial) < steps(&none), "{:?}", partial.speculation);
     assert!(
-        steps(&partial) >= steps(&exact),
-        "{:?}",
-        partial.speculation
+        usage(&partial).accepted_prediction_tokens < usage(&exact).accepted_prediction_tokens,
+        "{:?} vs {:?}",
+        usage(&partial),
+        usage(&exact)
     );
 
     // OpenAI's accounting: the prediction's tokens the output used, and the rest.

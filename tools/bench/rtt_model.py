@@ -6,8 +6,8 @@ added round trips (`--drafter-rtt-ms`), each interleaved with `off` on the
 same questions, and prints for each round trip the measured speedup (as the
 bench reports it: tokens over wall time, prefill included), the tree wait
 and milliseconds per verify step, tokens per step, the share of steps
-drafted ahead, and what the model of docs/performance.md ("The drafter as a
-separate host") predicts from the lowest round trip's run alone:
+drafted ahead, and what the model of docs/lab/separate-host.md (the
+round-trip model) predicts from the lowest round trip's run alone:
 
     wall(r) = wall(r0) + steps(r0) * (r - r0)
     S(r)    = wall_off(r0) / wall(r)
