@@ -5,8 +5,8 @@
 //! gives.
 //!
 //! The inter-token latency of the running streams with and without
-//! chunking is measured by the ignored test here (README, "Chunked
-//! prefill"):
+//! chunking is measured by the ignored test here (docs/performance.md,
+//! "Chunked prefill"):
 //! `cargo test --release -p specmesh-e2e --test chunked_prefill -- --ignored --nocapture`.
 
 use std::time::{Duration, Instant};
@@ -170,7 +170,7 @@ fn percentiles(gaps: &mut [Duration]) -> (f64, f64, f64) {
 /// their tokens from its arrival until it is prefilled, with each chunk
 /// size (0: in one piece).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement (README, Chunked prefill): run with --ignored --nocapture"]
+#[ignore = "a measurement (docs/performance.md, Chunked prefill): run with --ignored --nocapture"]
 async fn inter_token_latency_of_running_streams_during_a_long_prefill() {
     let long = tokens(&long_text(3000));
     const RUNNING: usize = 8;

@@ -20,7 +20,7 @@
 //! drafters' nodes in a merge on the same footing: the probability that
 //! the target accepts the path. A more trusting prior (0.8, slower to
 //! learn) deepened trees past the edits of code-edit answers and cost
-//! SmolLM2-135M 13% against automatic speculation alone (docs/performance.md).
+//! SmolLM2-135M 13% against automatic speculation alone (docs/lab/drafting.md).
 
 use specmesh_tree::TokenTree;
 

@@ -176,7 +176,7 @@ const MAX_LEVEL_CATCH_UP: u64 = 16;
 /// The acceptance a draft model's arm assumes before it has drafted: a
 /// smaller model of the target's family agrees with it most of the time
 /// (Qwen2.5-Coder-0.5B drafting greedily for the 1.5B: 93–100% of its
-/// drafted tokens accepted on code, docs/performance.md). The model-free drafters' prior of 0.5 made
+/// drafted tokens accepted on code, docs/lab/drafting.md). The model-free drafters' prior of 0.5 made
 /// the first step decline the model and leave it off for a whole probe
 /// interval.
 const MODEL_PRIOR_ACCEPT: f64 = 0.8;

@@ -62,8 +62,7 @@ impl Sources {
             // The draft model merged with the model-free drafters. Its own
             // trees as the second arm instead were measured no better (1.5B,
             // SmolLM2 drafting ahead from a core of its own, Spec-Bench 3
-            // per category: 1.31x either way; docs/performance.md, "The
-            // drafter as a separate host").
+            // per category: 1.31x either way; docs/lab/separate-host.md).
             (Sources::Auto, true) => vec![Arm::ModelFree, Arm::Combined],
             (Sources::Auto | Sources::ModelFree, _) => vec![Arm::ModelFree],
             (Sources::DraftModel, true) => vec![Arm::Model],
