@@ -336,8 +336,6 @@ fn edges(modules: &Modules) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
             continue;
         }
         let text = std::fs::read_to_string(path).unwrap();
-        let is_dir_mod = path.ends_with("mod.rs");
-        let _ = is_dir_mod;
         for (head, inline, rest) in paths(&code_of(&text)) {
             let base: Vec<String> = if head == "crate" {
                 Vec::new()

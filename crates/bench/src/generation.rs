@@ -122,18 +122,15 @@ pub fn greedy_batch(
             .iter()
             .map(|&i| Block::chain(vec![next[i]], seqs[i].len()))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut items: Vec<(&mut specmesh_model::Sequence, &Block)> = Vec::new();
-        {
-            let mut rest: &mut [specmesh_model::Sequence] = &mut seqs;
-            let mut at = 0;
-            for (&i, b) in live.iter().zip(&blocks) {
-                let (_, tail) = rest.split_at_mut(i - at);
-                let (seq, tail) = tail.split_first_mut().expect("live ids are in range");
-                items.push((seq, b));
-                rest = tail;
-                at = i + 1;
-            }
-        }
+        // `live` stays in increasing order (`retain` keeps it), so the live
+        // sequences, in order, pair with their blocks.
+        let mut items: Vec<(&mut specmesh_model::Sequence, &Block)> = seqs
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| live.binary_search(i).is_ok())
+            .map(|(_, seq)| seq)
+            .zip(&blocks)
+            .collect();
         let logits = model.forward_batch(&mut items)?;
         drop(items);
         for (&i, l) in live.iter().zip(&logits) {
