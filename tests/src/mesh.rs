@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{MutexGuard, mpsc};
 use std::time::Duration;
 
 use specmesh_proto::v1;
@@ -43,6 +43,21 @@ pub struct Mesh {
     /// What `specmesh up` printed before the gateway served (each
     /// service's model and memory line, its address).
     pub startup: Vec<String>,
+    /// Held while a mesh with a draft model runs: see [`draft_model_turn`].
+    /// Dropped after `Drop::drop` has stopped the processes.
+    _turn: Option<MutexGuard<'static, ()>>,
+}
+
+/// One mesh with a draft model at a time in a test binary. The harness
+/// runs a file's tests on parallel threads; two such meshes then run a
+/// verifier and a drafter forward each on two cores, every thread pool is
+/// oversubscribed and an 8-layer draft forward that takes milliseconds
+/// alone took 180 ms here, past the verifier's draft timeout: the trees
+/// arrive too late to be verified and a test of what they do sees none.
+/// Model-free meshes draft in microseconds and keep running in parallel.
+fn draft_model_turn() -> MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Mesh {
@@ -121,6 +136,14 @@ impl Mesh {
             ("SPECMESH_DRAFTER_SELF_DRAFT_LAYERS", "8"),
             ("SPECMESH_VERIFIER_COST_CURVE", FLAT_CURVE),
             ("SPECMESH_VERIFIER_GOODPUT_PLANNER", "false"),
+            // While other sessions decode, a session's tree has only the
+            // batch's wait (1 ms, or a tenth of a forward) to be drafted
+            // in, and the drafter drafts no model tree that would miss it:
+            // on a loaded machine an 8-layer forward can take longer, and
+            // the test would then see no model tree at all. 30 ms leaves
+            // room for several levels on any machine; these tests are
+            // about what trees do, not when they arrive.
+            ("SPECMESH_VERIFIER_BATCH_WINDOW_US", "30000"),
         ];
         env.extend_from_slice(extra);
         Mesh::start_with_draft_model(&model_path(), &env)
@@ -151,6 +174,10 @@ impl Mesh {
         args: &[String],
         env: &[(&str, &str)],
     ) -> Mesh {
+        let turn = args
+            .iter()
+            .any(|a| a == "--draft-model")
+            .then(draft_model_turn);
         let mut cmd = match netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
@@ -224,6 +251,7 @@ impl Mesh {
             http,
             services,
             startup,
+            _turn: turn,
         }
     }
 
