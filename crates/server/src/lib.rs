@@ -1,5 +1,6 @@
 //! The service kit: what the three services share, so none of them
-//! re-implements it. [`cli`]: the common flags and the environment rule;
+//! re-implements it. [`app`]: the process (`main::<S>()`: flags,
+//! telemetry, build, metrics, bind, serve, drain); [`cli`]: the common flags and the environment rule;
 //! [`serve`]: bind, health, reflection, keepalive, the "listening on" line
 //! and the graceful drain; [`client`]: channels to a peer service;
 //! [`shutdown`]: the signals; [`telemetry`]: tracing with trace-context
@@ -11,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod affinity;
+pub mod app;
 pub mod backoff;
 pub mod cli;
 pub mod client;
@@ -22,7 +24,8 @@ pub mod shutdown;
 pub mod telemetry;
 pub mod tls;
 
-pub use cli::{ServerArgs, Service};
+pub use app::{Built, Endpoints, Service, Started, main, run, start};
+pub use cli::ServerArgs;
 pub use client::Dialer;
 pub use serve::{Drain, NoDrain, ServeConfig, bind, serve};
 pub use tls::{ClientAuth, Security, TlsArgs};
@@ -30,7 +33,7 @@ pub use tls::{ClientAuth, Security, TlsArgs};
 /// The end of a service's `main`: 0 after a graceful shutdown; 1, with
 /// the whole cause chain on one line (for logs and for humans), when it
 /// could not start or serve.
-pub fn exit_code(service: &Service, served: anyhow::Result<()>) -> std::process::ExitCode {
+pub fn exit_code(service: &cli::Service, served: anyhow::Result<()>) -> std::process::ExitCode {
     match served {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {

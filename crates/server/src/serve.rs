@@ -52,7 +52,7 @@ impl Drain for NoDrain {
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     /// The binary, for the "listening on" line: `specmesh-verifier`.
-    pub binary: &'static str,
+    pub binary: String,
     /// The gRPC service name health reports (`NamedService::NAME`).
     pub service: &'static str,
     /// How long open calls get to finish after the shutdown signal.
@@ -74,7 +74,7 @@ pub struct ServeConfig {
 impl ServeConfig {
     /// The defaults every service starts from.
     pub fn new(
-        binary: &'static str,
+        binary: String,
         service: &'static str,
         grace: Duration,
         security: Security,
@@ -147,7 +147,7 @@ pub async fn serve(
             router.serve_with_incoming_shutdown(crate::tls::incoming(incoming, tls.clone()), stop),
         ),
     };
-    announce(config.binary, addr, &config.security);
+    announce(&config.binary, addr, &config.security);
     tokio::select! {
         served = &mut server => return served.context("serving gRPC"),
         () = shutdown => {}

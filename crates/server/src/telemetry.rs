@@ -57,10 +57,10 @@ enum Export {
 /// the OpenTelemetry bridge for `service` (filter from `SPECMESH_TRACE`,
 /// default `info`). Must run inside a Tokio runtime: the OTLP exporter's
 /// channel lives on it.
-pub fn init(service: &'static str) -> Telemetry {
+pub fn init(service: &str) -> Telemetry {
     let mut builder = SdkTracerProvider::builder().with_resource(
         opentelemetry_sdk::Resource::builder()
-            .with_service_name(service)
+            .with_service_name(service.to_string())
             .build(),
     );
     let export = match otlp_endpoint() {
@@ -78,7 +78,7 @@ pub fn init(service: &'static str) -> Telemetry {
         },
     };
     let provider = builder.build();
-    let tracer = provider.tracer(service);
+    let tracer = provider.tracer(service.to_string());
     let log_filter =
         EnvFilter::try_from_env("SPECMESH_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_subscriber::registry()
@@ -167,7 +167,13 @@ pub fn inject<T>(request: &mut tonic::Request<T>) {
 
 /// Makes `span` a child of the trace context an incoming request carries.
 pub fn adopt<T>(span: &tracing::Span, request: &tonic::Request<T>) {
-    let cx = TraceContextPropagator::new().extract(&MetadataExtractor(request.metadata()));
+    adopt_metadata(span, request.metadata());
+}
+
+/// Makes `span` a child of the trace context `metadata` carries (gRPC
+/// metadata, or HTTP headers through `MetadataMap::from_headers`).
+pub fn adopt_metadata(span: &tracing::Span, metadata: &tonic::metadata::MetadataMap) {
+    let cx = TraceContextPropagator::new().extract(&MetadataExtractor(metadata));
     let _ = span.set_parent(cx);
 }
 

@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use specmesh_server::ServerArgs;
+use specmesh_server::cli::Service;
 use specmesh_server::cli::{FlagError, in_range};
-use specmesh_server::{ServerArgs, Service};
 
 /// The drafter as its command line knows it.
 pub const SERVICE: Service = Service {

@@ -12,7 +12,7 @@ use tonic::{Code, Status};
 
 /// A failed draft stream.
 #[derive(Debug, thiserror::Error)]
-pub enum SessionError {
+pub enum DrafterError {
     /// A field of `start` or `outcome` breaks the protocol.
     #[error("`{field}` {reason}")]
     Invalid { field: String, reason: String },
@@ -43,10 +43,10 @@ pub enum SessionError {
     Internal(String),
 }
 
-impl SessionError {
+impl DrafterError {
     /// A protocol violation in `field`.
-    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> SessionError {
-        SessionError::Invalid {
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> DrafterError {
+        DrafterError::Invalid {
             field: field.into(),
             reason: reason.into(),
         }
@@ -55,32 +55,32 @@ impl SessionError {
     /// The gRPC code this error maps to.
     pub fn code(&self) -> Code {
         match self {
-            SessionError::Invalid { .. }
-            | SessionError::ExpectedStart { .. }
-            | SessionError::RepeatedStart
-            | SessionError::NoStart => Code::InvalidArgument,
-            SessionError::StartTimeout(_) => Code::DeadlineExceeded,
-            SessionError::Busy { .. } => Code::ResourceExhausted,
-            SessionError::Precondition(_) => Code::FailedPrecondition,
-            SessionError::ShuttingDown => Code::Unavailable,
-            SessionError::Internal(_) => Code::Internal,
+            DrafterError::Invalid { .. }
+            | DrafterError::ExpectedStart { .. }
+            | DrafterError::RepeatedStart
+            | DrafterError::NoStart => Code::InvalidArgument,
+            DrafterError::StartTimeout(_) => Code::DeadlineExceeded,
+            DrafterError::Busy { .. } => Code::ResourceExhausted,
+            DrafterError::Precondition(_) => Code::FailedPrecondition,
+            DrafterError::ShuttingDown => Code::Unavailable,
+            DrafterError::Internal(_) => Code::Internal,
         }
     }
 }
 
-impl From<specmesh_proto::FieldError> for SessionError {
-    fn from(e: specmesh_proto::FieldError) -> SessionError {
-        SessionError::Invalid {
+impl From<specmesh_proto::FieldError> for DrafterError {
+    fn from(e: specmesh_proto::FieldError) -> DrafterError {
+        DrafterError::Invalid {
             field: e.field,
             reason: e.reason,
         }
     }
 }
 
-impl From<SessionError> for Status {
-    fn from(e: SessionError) -> Status {
+impl From<DrafterError> for Status {
+    fn from(e: DrafterError) -> Status {
         match e {
-            SessionError::Internal(detail) => {
+            DrafterError::Internal(detail) => {
                 tracing::error!(%detail, "draft stream failed");
                 Status::internal("internal drafter error")
             }
@@ -95,17 +95,17 @@ mod tests {
 
     #[test]
     fn client_errors_carry_their_field_and_internal_ones_do_not_leak() {
-        let s = Status::from(SessionError::invalid(
+        let s = Status::from(DrafterError::invalid(
             "start.vocab_size",
             "must be >= 1, got 0",
         ));
         assert_eq!(s.code(), Code::InvalidArgument);
         assert_eq!(s.message(), "`start.vocab_size` must be >= 1, got 0");
-        let s = Status::from(SessionError::Internal("worker panicked at x.rs:3".into()));
+        let s = Status::from(DrafterError::Internal("worker panicked at x.rs:3".into()));
         assert_eq!(s.code(), Code::Internal);
         assert!(!s.message().contains("x.rs"));
         assert_eq!(
-            Status::from(SessionError::Busy { max: 2 }).code(),
+            Status::from(DrafterError::Busy { max: 2 }).code(),
             Code::ResourceExhausted
         );
     }

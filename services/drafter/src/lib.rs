@@ -11,9 +11,9 @@
 //! pods need no accelerator and scale apart from verifiers; a small draft
 //! model can be added with `--draft-model`.
 //!
-//! Embedding: [`run`] serves until a shutdown future resolves; [`bind`]
-//! then [`Listening::serve`] does the same but exposes the bound address
-//! and the [`Stats`] first.
+//! The process is the service kit's (`specmesh_server::main::<Drafter>()`);
+//! embedders `specmesh_server::start::<Drafter>(config)`, which exposes the
+//! bound address and the [`Stats`] before serving.
 
 #![forbid(unsafe_code)]
 
@@ -31,9 +31,9 @@ mod stream;
 mod validate;
 
 pub use config::{Args, Config, ConfigError, DEFAULT_LISTEN, DraftModelConfig, SERVICE};
-pub use error::SessionError;
+pub use error::DrafterError;
 pub use model::DraftModelError;
-pub use server::{CLOSE_TIMEOUT, Listening, bind, run};
+pub use server::{CLOSE_TIMEOUT, Drafter};
 pub use specmesh_proto::ANONYMOUS_TENANT;
 pub use specmesh_proto::limits::{MAX_DEPTH, MAX_DRAFT_TOKENS};
 pub use stats::{Stats, StatsSnapshot};

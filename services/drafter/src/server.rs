@@ -1,69 +1,79 @@
-//! The process around the service: load the draft model, bind, and serve
-//! through the service kit (`specmesh_server::serve`: health, reflection,
-//! keepalive, graceful drain).
+//! The drafter as the service kit runs it ([`Drafter`]): `build` loads the
+//! draft model (if any) and makes the state every draft stream shares; the
+//! kit binds, serves (health, reflection, keepalive) and drains.
 //!
-//! Binding is separate from serving ([`bind`] then [`Listening::serve`]) so
-//! that whoever starts the server learns its address (port 0) and can hold
-//! its [`Stats`] before the first stream arrives; [`run`] does both.
-//!
-//! On shutdown open draft streams get [`Config::shutdown_grace`] to end by
+//! On shutdown open draft streams get the grace period to end by
 //! themselves (their verifiers' sessions finishing); then the remaining
 //! streams end with UNAVAILABLE (their verifiers go on without
-//! speculation), and `serve` returns `Ok` after at most [`CLOSE_TIMEOUT`]
-//! more.
+//! speculation), and serving returns after at most [`CLOSE_TIMEOUT`] more.
 
-use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use specmesh_proto::v1::drafter_server::{DrafterServer, SERVICE_NAME};
-use specmesh_server::{ClientAuth, Drain, Security, ServeConfig};
-use tokio::net::TcpListener;
+use specmesh_server::{Built, ClientAuth, Drain, Endpoints, Security, ServerArgs};
 use tokio::sync::{Semaphore, watch};
 use tonic::service::interceptor::InterceptedService;
 
-use crate::config::Config;
+use crate::config::{Args, Config, SERVICE};
 use crate::drafters::DrafterSet;
 use crate::model::DraftModel;
 use crate::service::DraftService;
-use crate::state::Shared;
+use crate::state::State;
 use crate::stats::Stats;
 
 /// How long, after the grace period, closing streams may take before
-/// `serve` returns anyway.
+/// serving returns anyway.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Largest `DraftRequest` beyond its context tokens: a cost curve and an
 /// outcome's top-k rows are far below it.
 const MESSAGE_OVERHEAD: usize = 1 << 20;
 
-/// A bound, not yet serving, drafter; see the module docs.
-#[derive(Debug)]
-pub struct Listening {
-    listener: TcpListener,
-    security: Security,
-    health_listen: Option<SocketAddr>,
-    local_addr: SocketAddr,
-    shutdown_grace: Duration,
-    max_context: usize,
-    shared: Arc<Shared>,
-    stop: watch::Sender<bool>,
+/// The drafter service: `specmesh_server::main::<Drafter>()` is its whole
+/// process; embedders `specmesh_server::start::<Drafter>(config)` and hold
+/// its [`Stats`] (the handle) while it serves.
+#[derive(Debug, Clone, Copy)]
+pub struct Drafter;
+
+impl specmesh_server::Service for Drafter {
+    type Args = Args;
+    type Config = Config;
+    type Handle = Arc<Stats>;
+
+    const CLI: specmesh_server::cli::Service = SERVICE;
+    // Only the identities of --tls-allow-san (the verifiers') may open
+    // draft streams.
+    const CLIENT_AUTH: ClientAuth = ClientAuth::Required;
+
+    fn server_args(args: &Args) -> &ServerArgs {
+        &args.server
+    }
+
+    fn config(args: Args) -> anyhow::Result<Config> {
+        Ok(Config::try_from(args)?)
+    }
+
+    fn endpoints(config: &Config) -> Endpoints {
+        Endpoints {
+            listen: config.listen,
+            metrics_listen: config.metrics_listen,
+            health_listen: config.health_listen,
+            tls: config.tls.clone(),
+            shutdown_grace: config.shutdown_grace,
+        }
+    }
+
+    async fn build(config: Config, security: &Security) -> anyhow::Result<Built<Arc<Stats>>> {
+        build(config, security).await
+    }
 }
 
-/// Binds `config.listen` and serves until `shutdown` resolves, then shuts
-/// down gracefully (see [`Listening::serve`]). Returns `Ok` after a clean
-/// shutdown; fails when the draft model or the address is unusable.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    bind(config).await?.serve(shutdown).await
-}
-
-/// Logs the effective config, loads the draft model (if any) and binds the
-/// listener. Fails on a bad draft model or an address that cannot be bound.
-pub async fn bind(config: Config) -> anyhow::Result<Listening> {
-    tracing::info!(?config, "effective config");
-    let security = Security::from_args(&config.tls, ClientAuth::Required)?;
+/// Loads the draft model (if any) and builds the state and the routes.
+/// Fails on a draft model that cannot serve (unreadable, foreign
+/// vocabulary without a bridge, no chat template for one).
+async fn build(config: Config, security: &Security) -> anyhow::Result<Built<Arc<Stats>>> {
     let model = match config.draft_model.clone() {
         Some(cfg) => Some(
             tokio::task::spawn_blocking(move || DraftModel::load(&cfg))
@@ -73,26 +83,10 @@ pub async fn bind(config: Config) -> anyhow::Result<Listening> {
         None => None,
     };
     let stats = Arc::new(Stats::default());
-    if let Some(addr) = config.metrics_listen {
-        // Labelled with what this drafter drafts with.
-        let name = config.draft_model.as_ref().map_or_else(
-            || "model-free".to_string(),
-            |m| m.path.display().to_string(),
-        );
-        let registry = specmesh_server::metrics::registry(&name);
-        registry
-            .register(Box::new(crate::metrics::StatsMetrics::new(Arc::clone(
-                &stats,
-            ))))
-            .context("registering the drafter's metrics")?;
-        specmesh_server::metrics::serve("specmesh-drafter", addr, registry).await?;
-    }
-    let listener = specmesh_server::bind(config.listen).await?;
-    let local_addr = listener.local_addr().context("reading the bound address")?;
     let (stop, stop_rx) = watch::channel(false);
-    let shared = Shared {
+    let state = Arc::new(State {
         drafters: DrafterSet::new(config.global_index_bytes, model),
-        stats,
+        stats: Arc::clone(&stats),
         slots: Arc::new(Semaphore::new(config.max_sessions)),
         max_sessions: config.max_sessions,
         max_context: config.max_context_tokens,
@@ -100,58 +94,38 @@ pub async fn bind(config: Config) -> anyhow::Result<Listening> {
         draft_ahead: config.draft_model.as_ref().is_some_and(|m| m.draft_ahead),
         start_timeout: config.start_timeout,
         stop: stop_rx,
-    };
-    Ok(Listening {
-        listener,
-        security,
-        health_listen: config.health_listen,
-        local_addr,
-        shutdown_grace: config.shutdown_grace,
-        max_context: config.max_context_tokens,
-        shared: Arc::new(shared),
+    });
+    // A start carries the context and, at most as long, a prediction.
+    let limit = specmesh_server::message_bytes(
+        config.max_context_tokens.saturating_mul(2),
+        MESSAGE_OVERHEAD,
+    );
+    let service = DrafterServer::new(DraftService::new(state))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(MESSAGE_OVERHEAD);
+    let service = InterceptedService::new(service, security.authorize());
+    let drain = Streams {
+        stats: Arc::clone(&stats),
         stop,
-    })
-}
-
-impl Listening {
-    /// The address actually bound (the real port when asked for port 0).
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
-    }
-
-    /// The process's counters; they stay readable after `serve` returns.
-    pub fn stats(&self) -> Arc<Stats> {
-        Arc::clone(&self.shared.stats)
-    }
-
-    /// Serves until `shutdown` resolves, then shuts down gracefully (see the
-    /// module docs). Prints `specmesh-drafter listening on ADDR` to stdout
-    /// once serving: launchers wait for that line.
-    pub async fn serve(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-        // A start carries the context and, at most as long, a prediction.
-        let limit =
-            specmesh_server::message_bytes(self.max_context.saturating_mul(2), MESSAGE_OVERHEAD);
-        let service = DrafterServer::new(DraftService::new(Arc::clone(&self.shared)))
-            .max_decoding_message_size(limit)
-            .max_encoding_message_size(MESSAGE_OVERHEAD);
-        // Only the identities of --tls-allow-san (the verifiers') may open
-        // draft streams; health stays open to the mesh.
-        let service = InterceptedService::new(service, self.security.authorize());
-        let mut config = ServeConfig::new(
-            "specmesh-drafter",
-            SERVICE_NAME,
-            self.shutdown_grace,
-            self.security,
-        );
-        config.close_timeout = CLOSE_TIMEOUT;
-        config.health_listen = self.health_listen;
-        let drain = Streams {
-            stats: Arc::clone(&self.shared.stats),
-            stop: self.stop,
-        };
-        let routes = tonic::service::Routes::new(service);
-        specmesh_server::serve(self.listener, routes, config, &drain, shutdown).await
-    }
+    };
+    let mut built = Built::new(
+        tonic::service::Routes::new(service),
+        SERVICE_NAME,
+        Box::new(drain),
+    );
+    // Labelled with what this drafter drafts with.
+    built.metrics_label = config.draft_model.as_ref().map_or_else(
+        || "model-free".to_string(),
+        |m| m.path.display().to_string(),
+    );
+    let counters = Arc::clone(&stats);
+    built.metrics = Box::new(move |registry| {
+        registry
+            .register(Box::new(crate::metrics::StatsMetrics::new(counters)))
+            .context("registering the drafter's metrics")
+    });
+    built.close_timeout = CLOSE_TIMEOUT;
+    Ok(built.with_handle(stats))
 }
 
 /// The open draft streams, as the drain sees them.

@@ -15,8 +15,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-use crate::error::SessionError;
-use crate::state::Shared;
+use crate::error::DrafterError;
+use crate::state::State;
 use crate::stream::DraftStream;
 
 /// Trees buffered per stream ahead of the verifier reading them. One tree
@@ -24,15 +24,15 @@ use crate::stream::DraftStream;
 /// session back instead of growing.
 const OUTBOUND_TREES: usize = 4;
 
-/// The gRPC service; clones share one [`Shared`].
+/// The gRPC service; clones share one [`State`].
 #[derive(Debug, Clone)]
 pub struct DraftService {
-    shared: Arc<Shared>,
+    state: Arc<State>,
 }
 
 impl DraftService {
-    pub fn new(shared: Arc<Shared>) -> DraftService {
-        DraftService { shared }
+    pub fn new(state: Arc<State>) -> DraftService {
+        DraftService { state }
     }
 }
 
@@ -51,16 +51,16 @@ impl Drafter for DraftService {
             tenant = tracing::field::Empty,
         );
         specmesh_server::telemetry::adopt(&span, &request);
-        let Ok(slot) = Arc::clone(&self.shared.slots).try_acquire_owned() else {
-            self.shared.stats.session_refused();
-            let max = self.shared.max_sessions;
+        let Ok(slot) = Arc::clone(&self.state.slots).try_acquire_owned() else {
+            self.state.stats.session_refused();
+            let max = self.state.max_sessions;
             span.in_scope(|| {
                 tracing::warn!(max, "refusing a draft stream: every session slot is taken")
             });
-            return Err(SessionError::Busy { max }.into());
+            return Err(DrafterError::Busy { max }.into());
         };
         let (tx, rx) = mpsc::channel(OUTBOUND_TREES);
-        let stream = DraftStream::new(Arc::clone(&self.shared), request.into_inner(), tx, slot);
+        let stream = DraftStream::new(Arc::clone(&self.state), request.into_inner(), tx, slot);
         tokio::spawn(stream.run().instrument(span));
         Ok(Response::new(ReceiverStream::new(rx)))
     }

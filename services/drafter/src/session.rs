@@ -62,7 +62,7 @@ pub use ahead::AheadStats;
 pub use report::Reported;
 
 use crate::drafters::SessionDrafter;
-use crate::error::SessionError;
+use crate::error::DrafterError;
 use specmesh_proto::StartSpec;
 
 /// What [`DraftSession::apply`] made of an outcome.
@@ -251,14 +251,14 @@ impl DraftSession {
         drafter: SessionDrafter,
         max_context: usize,
         pipeline: bool,
-    ) -> Result<DraftSession, SessionError> {
+    ) -> Result<DraftSession, DrafterError> {
         let config = PolicyConfig {
             max_nodes: spec.max_draft_tokens + 1,
             max_depth: spec.max_depth,
             ..PolicyConfig::default()
         };
         let mut arms = Arms::new(drafter.arms(), spec.curve, config)
-            .map_err(|e| SessionError::Internal(format!("policy config: {e}")))?;
+            .map_err(|e| DrafterError::Internal(format!("policy config: {e}")))?;
         for &arm in drafter.arms() {
             if let Some(p) = arms.policy_mut(arm).filter(|_| arm.uses_model()) {
                 p.stats_mut().set_prior(MODEL_PRIOR_ACCEPT);
@@ -488,11 +488,11 @@ impl DraftSession {
     }
 
     /// Drafts the tree for `plan` and awaits its outcome.
-    pub fn draft(&mut self, plan: Plan) -> Result<Drafted, SessionError> {
+    pub fn draft(&mut self, plan: Plan) -> Result<Drafted, DrafterError> {
         let limits = plan.budget.limits(self.vocab);
         // Never empty: the start's tokens were, and the context only grows.
         let Some(&root) = self.context.last() else {
-            return Err(SessionError::Internal(
+            return Err(DrafterError::Internal(
                 "the session's context is empty".into(),
             ));
         };
@@ -532,7 +532,7 @@ impl DraftSession {
                 "the drafter broke its limits: sending the root alone"
             );
             TokenTree::root_only(root, limits)
-                .map_err(|e| SessionError::Internal(format!("root-only tree: {e}")))?
+                .map_err(|e| DrafterError::Internal(format!("root-only tree: {e}")))?
         };
         let mut wire = tree_to_wire(&tree, self.epoch, plan.step);
         wire.drafted_ahead = drafted_ahead && fits;

@@ -11,7 +11,7 @@ use crate::stats::Stats;
 
 /// What every stream of the process shares.
 #[derive(Debug)]
-pub struct Shared {
+pub struct State {
     pub drafters: DrafterSet,
     pub stats: Arc<Stats>,
     /// One permit per open stream.

@@ -35,9 +35,9 @@ use specmesh_proto::v1::draft_request::Kind;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
 use tonic::{Code, Status, Streaming};
 
-use crate::error::SessionError;
+use crate::error::DrafterError;
 use crate::session::{Applied, DraftSession, Drafted, Plan, Reported};
-use crate::state::Shared;
+use crate::state::State;
 use specmesh_proto::StartSpec;
 
 /// How long a failed stream waits to hand its error status to a verifier
@@ -88,7 +88,7 @@ impl Tally {
 /// A stream's task; see the module docs.
 #[derive(Debug)]
 pub struct DraftStream {
-    shared: Arc<Shared>,
+    state: Arc<State>,
     inbound: Streaming<v1::DraftRequest>,
     tx: mpsc::Sender<Result<v1::TokenTree, Status>>,
     stop: watch::Receiver<bool>,
@@ -98,14 +98,14 @@ pub struct DraftStream {
 
 impl DraftStream {
     pub fn new(
-        shared: Arc<Shared>,
+        state: Arc<State>,
         inbound: Streaming<v1::DraftRequest>,
         tx: mpsc::Sender<Result<v1::TokenTree, Status>>,
         slot: OwnedSemaphorePermit,
     ) -> DraftStream {
         DraftStream {
-            stop: shared.stop.clone(),
-            shared,
+            stop: state.stop.clone(),
+            state,
             inbound,
             tx,
             tally: Tally::default(),
@@ -117,7 +117,7 @@ impl DraftStream {
     pub async fn run(mut self) {
         let result = self.serve().await;
         let DraftStream {
-            shared,
+            state,
             tx,
             slot,
             tally,
@@ -154,10 +154,10 @@ impl DraftStream {
                     tree_wait_ms_per_step = tally.tree_wait_us as f64 * 1e-3 / tally.steps.max(1) as f64,
                     "draft session ended"
                 );
-                index_output(shared, session).await;
+                index_output(state, session).await;
             }
             Err(error) => {
-                shared.stats.session_failed();
+                state.stats.session_failed();
                 tracing::warn!(
                     %error,
                     code = ?error.code(),
@@ -172,21 +172,21 @@ impl DraftStream {
         }
     }
 
-    async fn serve(&mut self) -> Result<(DraftSession, End), SessionError> {
+    async fn serve(&mut self) -> Result<(DraftSession, End), DrafterError> {
         let spec = self.start().await?;
         let span = tracing::Span::current();
         span.record("session_id", spec.session_id.as_str());
         span.record("epoch", spec.epoch);
         span.record("tenant", spec.tenant.as_str());
-        let _open = self.shared.stats.open_session();
+        let _open = self.state.stats.open_session();
         if let Some(why) = &spec.curve_fallback {
             tracing::info!(reason = %why, "using the default cost curve");
         }
         let drafter = self
-            .shared
+            .state
             .drafters
             .for_spec(&spec)
-            .map_err(|e| SessionError::Precondition(e.to_string()))?;
+            .map_err(|e| DrafterError::Precondition(e.to_string()))?;
         tracing::info!(
             tokens = spec.tokens.len(),
             prompt_len = spec.prompt_len,
@@ -199,8 +199,8 @@ impl DraftStream {
             "draft session started"
         );
         let mut session =
-            DraftSession::new(spec, drafter, self.shared.max_context, self.shared.pipeline)?
-                .with_draft_ahead(self.shared.draft_ahead);
+            DraftSession::new(spec, drafter, self.state.max_context, self.state.pipeline)?
+                .with_draft_ahead(self.state.draft_ahead);
         let plan = session.plan_first();
         let (mut session, drafted) = draft(session, plan).await?;
         if !self.send(drafted).await? {
@@ -231,9 +231,9 @@ impl DraftStream {
                 })) => o,
                 Ok(Some(v1::DraftRequest {
                     kind: Some(Kind::Start(_)),
-                })) => return Err(SessionError::RepeatedStart),
+                })) => return Err(DrafterError::RepeatedStart),
                 Ok(Some(v1::DraftRequest { kind: None })) => {
-                    return Err(SessionError::invalid(
+                    return Err(DrafterError::invalid(
                         "kind",
                         "must be `start` or `outcome`",
                     ));
@@ -246,12 +246,12 @@ impl DraftStream {
             session.record_step_time(Instant::now());
             if let Some(r) = applied.reported() {
                 self.tally.add(r);
-                self.shared.stats.accepted(r.accepted);
+                self.state.stats.accepted(r.accepted);
             }
             let batch = match applied {
                 Applied::Ignored => {
                     self.tally.ignored += 1;
-                    self.shared.stats.stale_outcome();
+                    self.state.stats.stale_outcome();
                     tracing::debug!(step, "ignoring a stale or duplicated outcome");
                     held = Held::Here(session);
                     continue;
@@ -287,46 +287,46 @@ impl DraftStream {
     }
 
     /// Waits for the stream's `start` and validates it.
-    async fn start(&mut self) -> Result<StartSpec, SessionError> {
-        let timeout = self.shared.start_timeout;
+    async fn start(&mut self) -> Result<StartSpec, DrafterError> {
+        let timeout = self.state.start_timeout;
         let first = tokio::time::timeout(timeout, self.recv())
             .await
-            .map_err(|_| SessionError::StartTimeout(timeout))??;
+            .map_err(|_| DrafterError::StartTimeout(timeout))??;
         match first {
             Ok(Some(v1::DraftRequest {
                 kind: Some(Kind::Start(start)),
-            })) => crate::validate::start(start, self.shared.max_context),
+            })) => crate::validate::start(start, self.state.max_context),
             Ok(Some(v1::DraftRequest {
                 kind: Some(Kind::Outcome(_)),
-            })) => Err(SessionError::ExpectedStart { got: "`outcome`" }),
-            Ok(Some(v1::DraftRequest { kind: None })) => Err(SessionError::ExpectedStart {
+            })) => Err(DrafterError::ExpectedStart { got: "`outcome`" }),
+            Ok(Some(v1::DraftRequest { kind: None })) => Err(DrafterError::ExpectedStart {
                 got: "a message without `kind`",
             }),
-            Ok(None) | Err(_) => Err(SessionError::NoStart),
+            Ok(None) | Err(_) => Err(DrafterError::NoStart),
         }
     }
 
     /// The verifier's next message (`Ok(None)`: it closed its side;
     /// `Err`: it cancelled). Fails only when shutdown cuts the wait.
-    async fn recv(&mut self) -> Result<Result<Option<v1::DraftRequest>, Status>, SessionError> {
+    async fn recv(&mut self) -> Result<Result<Option<v1::DraftRequest>, Status>, DrafterError> {
         tokio::select! {
             m = self.inbound.message() => Ok(m),
-            () = stopped(&mut self.stop) => Err(SessionError::ShuttingDown),
+            () = stopped(&mut self.stop) => Err(DrafterError::ShuttingDown),
         }
     }
 
     /// Sends a tree; `false` when the verifier no longer reads.
-    async fn send(&mut self, drafted: Drafted) -> Result<bool, SessionError> {
+    async fn send(&mut self, drafted: Drafted) -> Result<bool, DrafterError> {
         let sent = tokio::select! {
             sent = self.tx.send(Ok(drafted.tree)) => sent.is_ok(),
-            () = stopped(&mut self.stop) => return Err(SessionError::ShuttingDown),
+            () = stopped(&mut self.stop) => return Err(DrafterError::ShuttingDown),
         };
         if sent {
             self.tally.trees += 1;
             self.tally.drafted += drafted.nodes as u64;
-            self.shared.stats.tree_sent(drafted.nodes, drafted.took);
+            self.state.stats.tree_sent(drafted.nodes, drafted.took);
             if let Some(r) = drafted.retokenized {
-                self.shared.stats.retokenized(r);
+                self.state.stats.retokenized(r);
             }
         }
         Ok(sent)
@@ -377,7 +377,7 @@ impl Held {
     /// bear out can no longer hold and stops at its next level; one it
     /// does is the next tree, and finishes (its depth was sized to fit,
     /// `session::deadline`).
-    async fn join(self, committed: Option<&[u32]>) -> Result<DraftSession, SessionError> {
+    async fn join(self, committed: Option<&[u32]>) -> Result<DraftSession, DrafterError> {
         match self {
             Held::Here(s) => Ok(s),
             Held::Ahead(task, cancel, assumes) => {
@@ -388,7 +388,7 @@ impl Held {
                 }
                 let session = task
                     .await
-                    .map_err(|e| SessionError::Internal(format!("draft-ahead worker: {e}")));
+                    .map_err(|e| DrafterError::Internal(format!("draft-ahead worker: {e}")));
                 // Trees drafted on an outcome grow whole.
                 if let Some(c) = &cancel {
                     c.reset();
@@ -410,7 +410,7 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 async fn draft(
     mut session: DraftSession,
     plan: Plan,
-) -> Result<(DraftSession, Drafted), SessionError> {
+) -> Result<(DraftSession, Drafted), DrafterError> {
     let span = tracing::debug_span!(
         "propose",
         step = plan.step,
@@ -426,7 +426,7 @@ async fn draft(
             (session, drafted)
         })
         .await
-        .map_err(|e| SessionError::Internal(format!("draft worker: {e}")))?
+        .map_err(|e| DrafterError::Internal(format!("draft worker: {e}")))?
     } else {
         let drafted = span.in_scope(|| session.draft(plan));
         (session, drafted)
@@ -439,13 +439,13 @@ async fn draft(
 
 /// Adds an ended session's output to its tenant's global index, off the
 /// async workers.
-async fn index_output(shared: Arc<Shared>, session: DraftSession) {
+async fn index_output(state: Arc<State>, session: DraftSession) {
     let indexed = tokio::task::spawn_blocking(move || {
-        let done = shared
+        let done = state
             .drafters
             .index_output(session.tenant(), session.output());
         if done {
-            shared.stats.output_indexed();
+            state.stats.output_indexed();
         }
         done
     })

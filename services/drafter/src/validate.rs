@@ -12,24 +12,24 @@ use specmesh_draft::TokenTree;
 use specmesh_proto::field::check_tokens;
 use specmesh_proto::{StartSpec, v1};
 
-use crate::error::SessionError;
+use crate::error::DrafterError;
 
 /// Validates `start`; contexts (and predictions) longer than
 /// `max_context` tokens are refused.
-pub fn start(start: v1::DraftStart, max_context: usize) -> Result<StartSpec, SessionError> {
+pub fn start(start: v1::DraftStart, max_context: usize) -> Result<StartSpec, DrafterError> {
     if start.tokens.len() > max_context {
         let reason = format!(
             "has {} tokens, over the drafter's context limit of {max_context}",
             start.tokens.len()
         );
-        return Err(SessionError::invalid("start.tokens", reason));
+        return Err(DrafterError::invalid("start.tokens", reason));
     }
     if start.prediction.len() > max_context {
         let reason = format!(
             "has {} tokens, over the drafter's context limit of {max_context}",
             start.prediction.len()
         );
-        return Err(SessionError::invalid("start.prediction", reason));
+        return Err(DrafterError::invalid("start.prediction", reason));
     }
     Ok(StartSpec::try_from(start)?)
 }
@@ -74,10 +74,10 @@ impl Outcome {
         o: v1::StepOutcome,
         tree: &TokenTree,
         vocab: u32,
-    ) -> Result<Outcome, SessionError> {
+    ) -> Result<Outcome, DrafterError> {
         let path = check_path(&o.path, tree)?;
         if o.committed.is_empty() {
-            return Err(SessionError::invalid(
+            return Err(DrafterError::invalid(
                 "outcome.committed",
                 "must not be empty: every step commits at least the target's own token",
             ));
@@ -90,7 +90,7 @@ impl Outcome {
         let pruned = if o.pruned {
             Some(check_pruned(&o.granted, &path, tree)?)
         } else if !o.granted.is_empty() {
-            return Err(SessionError::invalid(
+            return Err(DrafterError::invalid(
                 "outcome.granted",
                 "lists nodes, but `pruned` is false: the whole tree was verified",
             ));
@@ -111,19 +111,19 @@ impl Outcome {
 
 /// The verified part of `tree`: `granted` must be ascending drafted nodes
 /// of it, ancestor-closed, holding every node of the accepted `path`.
-fn check_pruned(granted: &[u32], path: &[usize], tree: &TokenTree) -> Result<Pruned, SessionError> {
+fn check_pruned(granted: &[u32], path: &[usize], tree: &TokenTree) -> Result<Pruned, DrafterError> {
     if let Some(w) = granted.windows(2).find(|w| w[1] <= w[0]) {
         let reason = format!("lists {} after {}: nodes must be ascending", w[1], w[0]);
-        return Err(SessionError::invalid("outcome.granted", reason));
+        return Err(DrafterError::invalid("outcome.granted", reason));
     }
     if granted.first() == Some(&0) {
-        return Err(SessionError::invalid(
+        return Err(DrafterError::invalid(
             "outcome.granted",
             "lists node 0: the root is always verified and is not listed",
         ));
     }
     let (pruned, kept) = tree.retain_listed(granted).map_err(|e| {
-        SessionError::invalid(
+        DrafterError::invalid(
             "outcome.granted",
             format!("is not an ancestor-closed set of the tree's nodes: {e}"),
         )
@@ -134,7 +134,7 @@ fn check_pruned(granted: &[u32], path: &[usize], tree: &TokenTree) -> Result<Pru
             Ok(i) => mapped.push(i),
             Err(_) => {
                 let reason = format!("holds node {node}, which `granted` does not list");
-                return Err(SessionError::invalid("outcome.path", reason));
+                return Err(DrafterError::invalid("outcome.path", reason));
             }
         }
     }
@@ -165,7 +165,7 @@ impl SpanOutcome {
         o: v1::StepOutcome,
         steps: usize,
         vocab: u32,
-    ) -> Result<SpanOutcome, SessionError> {
+    ) -> Result<SpanOutcome, DrafterError> {
         // A root-only step's path is its root, which a verifier may name
         // (`[0]`) or leave out, as it does for any tree with no nodes.
         let root_path = o.path.is_empty() || (steps == 1 && o.path == [0]);
@@ -174,7 +174,7 @@ impl SpanOutcome {
                 "is {:?}, but the steps reported verified the root alone: it must be empty",
                 o.path
             );
-            return Err(SessionError::invalid("outcome.path", reason));
+            return Err(DrafterError::invalid("outcome.path", reason));
         }
         if o.committed.len() != steps {
             let reason = format!(
@@ -182,12 +182,12 @@ impl SpanOutcome {
                  alone: one token each",
                 o.committed.len()
             );
-            return Err(SessionError::invalid("outcome.committed", reason));
+            return Err(DrafterError::invalid("outcome.committed", reason));
         }
         check_tokens("outcome.committed", &o.committed, vocab)?;
         let top_k = top_k_from_wire(o.top_k, steps, "step reported", vocab)?;
         if o.pruned || !o.granted.is_empty() {
-            return Err(SessionError::invalid(
+            return Err(DrafterError::invalid(
                 "outcome.granted",
                 "is set, but the steps reported verified the root alone: nothing to prune",
             ));
@@ -201,14 +201,14 @@ impl SpanOutcome {
     }
 }
 
-fn check_path(wire: &[u32], tree: &TokenTree) -> Result<Vec<usize>, SessionError> {
+fn check_path(wire: &[u32], tree: &TokenTree) -> Result<Vec<usize>, DrafterError> {
     let mut path = Vec::with_capacity(wire.len());
     for (j, &node) in wire.iter().enumerate() {
         let node = node as usize;
         let field = || format!("outcome.path[{j}]");
         if node >= tree.len() {
             let reason = format!("is {node}, but the tree has {} nodes", tree.len());
-            return Err(SessionError::invalid(field(), reason));
+            return Err(DrafterError::invalid(field(), reason));
         }
         let expected_parent = path.last().copied();
         if tree.parent(node) != expected_parent {
@@ -216,7 +216,7 @@ fn check_path(wire: &[u32], tree: &TokenTree) -> Result<Vec<usize>, SessionError
                 None => format!("is {node}: a path starts at the root, node 0"),
                 Some(p) => format!("is {node}, which is not a child of node {p}"),
             };
-            return Err(SessionError::invalid(field(), reason));
+            return Err(DrafterError::invalid(field(), reason));
         }
         path.push(node);
     }
@@ -230,14 +230,14 @@ fn check_committed_follows_path(
     committed: &[u32],
     path: &[usize],
     tree: &TokenTree,
-) -> Result<(), SessionError> {
+) -> Result<(), DrafterError> {
     if committed.len() > path.len() {
         let reason = format!(
             "has {} tokens but the path accepts {}: at most one more than the accepted nodes",
             committed.len(),
             path.len() - 1
         );
-        return Err(SessionError::invalid("outcome.committed", reason));
+        return Err(DrafterError::invalid("outcome.committed", reason));
     }
     for (i, (&c, &node)) in committed.iter().zip(&path[1..]).enumerate() {
         if c != tree.token(node) {
@@ -245,7 +245,7 @@ fn check_committed_follows_path(
                 "is {c}, but the accepted node {node} has token {}",
                 tree.token(node)
             );
-            return Err(SessionError::invalid(
+            return Err(DrafterError::invalid(
                 format!("outcome.committed[{i}]"),
                 reason,
             ));
@@ -260,13 +260,13 @@ fn top_k_from_wire(
     max_rows: usize,
     what: &str,
     vocab: u32,
-) -> Result<Vec<Vec<(u32, f32)>>, SessionError> {
+) -> Result<Vec<Vec<(u32, f32)>>, DrafterError> {
     if rows.len() > max_rows {
         let reason = format!(
             "has {} rows, more than {max_rows}: one per {what}",
             rows.len()
         );
-        return Err(SessionError::invalid("outcome.top_k", reason));
+        return Err(DrafterError::invalid("outcome.top_k", reason));
     }
     rows.into_iter()
         .enumerate()
@@ -277,11 +277,11 @@ fn top_k_from_wire(
                     row.tokens.len(),
                     row.logprobs.len()
                 );
-                return Err(SessionError::invalid(format!("outcome.top_k[{j}]"), reason));
+                return Err(DrafterError::invalid(format!("outcome.top_k[{j}]"), reason));
             }
             check_tokens(&format!("outcome.top_k[{j}].tokens"), &row.tokens, vocab)?;
             if let Some(i) = row.logprobs.iter().position(|p| p.is_nan()) {
-                return Err(SessionError::invalid(
+                return Err(DrafterError::invalid(
                     format!("outcome.top_k[{j}].logprobs[{i}]"),
                     "is NaN",
                 ));
@@ -314,7 +314,7 @@ mod tests {
         }
     }
 
-    fn err(r: Result<StartSpec, SessionError>) -> String {
+    fn err(r: Result<StartSpec, DrafterError>) -> String {
         r.unwrap_err().to_string()
     }
 

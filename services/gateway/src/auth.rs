@@ -91,12 +91,29 @@ impl Callers {
     }
 }
 
+impl AuthError {
+    /// The gRPC code: a key acting for another tenant is denied, any
+    /// other failure unauthenticated.
+    pub fn code(&self) -> tonic::Code {
+        match self {
+            AuthError::OtherTenant { .. } => tonic::Code::PermissionDenied,
+            _ => tonic::Code::Unauthenticated,
+        }
+    }
+}
+
 /// An authenticated caller: the tenant its key acts for (`None`: no keys
 /// configured).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller(Option<String>);
 
 impl Caller {
+    /// A caller where no keys are configured: any tenant the request
+    /// names.
+    pub fn keyless() -> Caller {
+        Caller(None)
+    }
+
     /// The tenant the call runs as: the key's, else the one the request
     /// names. `requested` is the request's validated `tenant` (empty: none
     /// named).

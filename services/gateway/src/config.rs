@@ -12,8 +12,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use specmesh_server::cli::Service;
 use specmesh_server::discovery::{MemberSource, SourceError, parse_sources};
-use specmesh_server::{ServerArgs, Service, TlsArgs};
+use specmesh_server::{ServerArgs, TlsArgs};
 
 use crate::quota::QuotaLimits;
 

@@ -31,7 +31,7 @@ use crate::metrics::GatewayMetrics;
 use crate::output::{Delta, OutputBuilder};
 use crate::placement::{FailedOn, Placement, PlacementKey};
 use crate::stats::SpecStats;
-use crate::validation::ValidGenerateRequest;
+use crate::validate::ValidGenerateRequest;
 
 /// Where the loop delivers output as it is released.
 pub trait DeltaSink: Send {

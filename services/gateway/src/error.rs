@@ -11,7 +11,7 @@ use tonic::{Code, Status};
 
 use crate::auth::AuthError;
 use crate::quota::QuotaError;
-use crate::validation::ValidationError;
+use crate::validate::ValidationError;
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -61,9 +61,8 @@ impl GatewayError {
     pub fn code(&self) -> Code {
         match self {
             Self::Invalid(e) if e.is_internal() => Code::Internal,
+            Self::Invalid(ValidationError::Tenant(e)) | Self::Auth(e) => e.code(),
             Self::Invalid(_) => Code::InvalidArgument,
-            Self::Auth(AuthError::OtherTenant { .. }) => Code::PermissionDenied,
-            Self::Auth(_) => Code::Unauthenticated,
             Self::Overloaded { .. } | Self::VerifierExhausted { .. } | Self::Quota(_) => {
                 Code::ResourceExhausted
             }
@@ -76,6 +75,35 @@ impl GatewayError {
         }
     }
 
+    /// The request field at fault, as the gRPC API names it (see
+    /// [`ValidationError::field`]).
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Self::Invalid(e) => e.field(),
+            _ => None,
+        }
+    }
+
+    /// Seconds after which a refused request may succeed: the quota's
+    /// estimate, or soon for a gateway at its concurrency limit.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            Self::Quota(q) => Some(q.retry_after_secs()),
+            Self::Overloaded { .. } | Self::VerifierExhausted { .. } => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The message the caller sees: a server fault's detail stays in the
+    /// logs, the caller gets the request id to find it.
+    pub fn public_message(&self, request_id: &str) -> String {
+        if self.is_internal() {
+            format!("internal error (request id {request_id})")
+        } else {
+            self.to_string()
+        }
+    }
+
     /// Whether the fault is on the server side (logged as an error, and
     /// hidden from the caller behind a generic message).
     pub fn is_internal(&self) -> bool {
@@ -85,10 +113,7 @@ impl GatewayError {
     /// The status for a caller, naming `request_id` so the logs can be found.
     pub fn to_status(&self, request_id: &str) -> Status {
         let code = self.code();
-        if code == Code::Internal {
-            return Status::new(code, format!("internal error (request id {request_id})"));
-        }
-        let mut status = Status::new(code, self.to_string());
+        let mut status = Status::new(code, self.public_message(request_id));
         if let Self::Quota(q) = self {
             // Trailers, as HTTP's Retry-After: whole seconds.
             status

@@ -2,14 +2,16 @@
 //! /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET
 //! /health`, on axum in the gateway's runtime.
 //!
-//! Each request becomes a `GenerateRequest` ([`openai`]) and goes through
-//! the very `Generation` service the gRPC API serves (its `authorization`
-//! header carried as metadata), so validation, API keys, quotas, limits,
-//! placement and recovery are the same code, not a copy. gRPC statuses map
-//! to HTTP statuses and OpenAI's error shape once, in [`error`]. Streaming
-//! answers are server-sent events in OpenAI's chunk format ending with
-//! `data: [DONE]`; a client that goes away drops the stream, which cancels
-//! the session on its verifier and frees its KV as for a gRPC caller.
+//! Each request becomes a `GenerateRequest` ([`openai`]) and takes the
+//! very path a gRPC request takes through the gateway's state (begin,
+//! admit, generate: its headers carry the key and the trace context), so
+//! validation, API keys, quotas, limits, placement and recovery are the
+//! same code, not a copy. The gateway's errors map to HTTP statuses and
+//! OpenAI's error shape once, in [`error`], with the parameter at fault.
+//! Streaming answers are server-sent events in OpenAI's chunk format
+//! ending with `data: [DONE]`; a client that goes away drops the stream,
+//! which cancels the session on its verifier and frees its KV as for a
+//! gRPC caller. Every answer names its request in `x-request-id`.
 
 mod error;
 mod listener;
@@ -23,22 +25,26 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 use specmesh_proto::v1;
-use specmesh_proto::v1::generation_server::Generation;
-use tokio_stream::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tonic::metadata::MetadataMap;
+use tracing::Instrument;
 
-use crate::service::GenerationService;
+use crate::error::GatewayError;
+use crate::service::{GenerationService, REQUEST_ID_HEADER};
+use crate::state::{self, Event};
 use error::ApiError;
 use openai::{ChatRequest, CompletionRequest};
 
 /// What the handlers share.
 #[derive(Clone)]
 struct Front {
-    service: GenerationService,
+    state: Arc<state::State>,
     /// The served model's id, as `/v1/models` lists it and requests name it.
     model: Arc<str>,
 }
@@ -46,7 +52,7 @@ struct Front {
 /// The routes, over `service`, serving the model `model`.
 pub fn router(service: GenerationService, model: &str) -> Router {
     let front = Front {
-        service,
+        state: Arc::clone(service.state()),
         model: Arc::from(model),
     };
     Router::new()
@@ -149,15 +155,16 @@ impl OpenAiRequest for CompletionRequest {
     }
 }
 
-/// A request ready for the service, and how to answer it.
+/// A request ready for the gateway, and how to answer it.
 struct Prepared {
-    call: tonic::Request<v1::GenerateRequest>,
+    request: v1::GenerateRequest,
+    /// The caller's headers: its key, its trace context.
+    metadata: MetadataMap,
     stream: bool,
     include_usage: bool,
 }
 
-/// The request as gRPC: the body parsed, the model checked, the caller's
-/// credentials carried over.
+/// The request as the gRPC API's: the body parsed, the model checked.
 fn prepare<T: OpenAiRequest>(
     front: &Front,
     headers: &HeaderMap,
@@ -172,16 +179,9 @@ fn prepare<T: OpenAiRequest>(
             &front.model,
         )));
     }
-    let mut call = tonic::Request::new(request);
-    if let Some(v) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-    {
-        call.metadata_mut().insert("authorization", v);
-    }
     Ok(Prepared {
-        call,
+        request,
+        metadata: MetadataMap::from_headers(headers.clone()),
         stream: common.stream,
         include_usage: common
             .stream_options
@@ -207,6 +207,14 @@ enum Kind {
 }
 
 impl Kind {
+    /// The request's name in its span.
+    fn rpc(self) -> &'static str {
+        match self {
+            Kind::Chat => "ChatCompletions",
+            Kind::Completion => "Completions",
+        }
+    }
+
     fn id(self, request_id: &str) -> String {
         match self {
             Kind::Chat => format!("chatcmpl-{request_id}"),
@@ -237,72 +245,88 @@ impl Kind {
             }),
         }
     }
-}
 
-fn request_id(metadata: &tonic::metadata::MetadataMap) -> String {
-    metadata
-        .get(crate::service::REQUEST_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("unknown")
-        .to_owned()
+    /// The gateway's error in OpenAI's shape.
+    fn error(self, e: &GatewayError, request_id: &str) -> ApiError {
+        ApiError::from_gateway(e, request_id, matches!(self, Kind::Chat))
+    }
 }
 
 async fn respond(front: Front, prepared: Result<Prepared, Box<ApiError>>, kind: Kind) -> Response {
     let Prepared {
-        call: request,
+        request,
+        metadata,
         stream,
         include_usage,
     } = match prepared {
         Ok(p) => p,
         Err(e) => return (*e).into_response(),
     };
+    let state = &front.state;
+    let (ctx, span) = state.begin(kind.rpc(), &metadata);
+    let request_id = ctx.request_id.clone();
+    let admitted = state
+        .admit(&metadata, request, &ctx)
+        .instrument(span.clone())
+        .await;
+    let admitted = match admitted {
+        Ok(a) => a,
+        Err(e) => {
+            let _entered = span.enter();
+            state.failed(&e);
+            return tagged(kind.error(&e, &request_id).into_response(), &request_id);
+        }
+    };
     let model = front.model.to_string();
-    if !stream {
-        return match front.service.generate(request).await {
-            Ok(response) => {
-                let id = kind.id(&request_id(response.metadata()));
-                let r = response.into_inner();
-                let finish = openai::finish_reason(r.finish_reason);
+    let response = if stream {
+        let events = state.generate_stream(admitted, ctx, span);
+        let events = sse(events, kind, request_id.clone(), model, include_usage);
+        Sse::new(events)
+            .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+            .into_response()
+    } else {
+        match state.generate(admitted, ctx, span).await {
+            Ok(g) => {
+                let finish = openai::finish_reason(g.summary.finish_reason.into());
                 axum::Json(json!({
-                    "id": id,
+                    "id": kind.id(&request_id),
                     "object": kind.object(false),
                     "created": now(),
                     "model": model,
-                    "choices": [kind.choice(false, &r.text, finish)],
-                    "usage": openai::Usage::from(r.usage.unwrap_or_default()),
-                    "specmesh": openai::Speculation::from(r.speculation.unwrap_or_default()),
+                    "choices": [kind.choice(false, &g.text, finish)],
+                    "usage": openai::Usage::from(g.summary.usage),
+                    "specmesh": openai::Speculation::from(g.summary.speculation),
                 }))
                 .into_response()
             }
-            Err(status) => ApiError::from(status).into_response(),
-        };
-    }
-    match front.service.generate_stream(request).await {
-        Ok(response) => {
-            let id = kind.id(&request_id(response.metadata()));
-            let chunks = response.into_inner();
-            let events = sse(chunks, kind, id, model, include_usage);
-            Sse::new(events)
-                .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-                .into_response()
+            Err(e) => kind.error(&e, &request_id).into_response(),
         }
-        Err(status) => ApiError::from(status).into_response(),
-    }
+    };
+    tagged(response, &request_id)
 }
 
-/// The chunks as OpenAI's events: a role delta first (chat), a delta per
-/// chunk, the finish reason, the usage when asked, then `[DONE]`; an error
+/// `response` naming its request in `x-request-id`, as the gRPC API's.
+fn tagged(mut response: Response, request_id: &str) -> Response {
+    if let Ok(v) = header::HeaderValue::from_str(request_id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, v);
+    }
+    response
+}
+
+/// The events as OpenAI's: a role delta first (chat), a delta per
+/// delta, the finish reason, the usage when asked, then `[DONE]`; an error
 /// mid-stream is an event holding OpenAI's error object (the SDKs raise
 /// it). A task forwards them; when the client goes away its channel closes,
-/// the task ends and drops the gRPC stream, which cancels the session.
+/// the task ends and drops `events`, which cancels the generation.
 fn sse(
-    mut chunks: impl Stream<Item = Result<v1::GenerateChunk, tonic::Status>> + Send + Unpin + 'static,
+    mut events: mpsc::Receiver<Result<Event, GatewayError>>,
     kind: Kind,
-    id: String,
+    request_id: String,
     model: String,
     include_usage: bool,
-) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
+) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static {
     let created = now();
+    let id = kind.id(&request_id);
     let frame = move |choices: Vec<Value>, usage: Option<openai::Usage>, extra: Option<Value>| {
         let mut v = json!({
             "id": id, "object": kind.object(true), "created": created, "model": model,
@@ -314,11 +338,11 @@ fn sse(
         if let Some(s) = extra {
             v["specmesh"] = s;
         }
-        Event::default().data(v.to_string())
+        SseEvent::default().data(v.to_string())
     };
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(16);
+    let (tx, rx) = mpsc::channel::<Result<SseEvent, Infallible>>(16);
     tokio::spawn(async move {
-        let send = |e: Event| tx.send(Ok(e));
+        let send = |e: SseEvent| tx.send(Ok(e));
         if matches!(kind, Kind::Chat) {
             let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""},
                               "finish_reason": null, "logprobs": null});
@@ -326,35 +350,36 @@ fn sse(
                 return;
             }
         }
-        while let Some(chunk) = chunks.next().await {
-            let c = match chunk {
-                Ok(c) => c,
-                Err(status) => {
-                    let _ = send(Event::default().data(ApiError::from(status).body().to_string()))
-                        .await;
-                    return;
+        while let Some(event) = events.recv().await {
+            let frames = match event {
+                Ok(Event::Delta(d)) if d.text.is_empty() => continue,
+                Ok(Event::Delta(d)) => {
+                    vec![frame(vec![kind.choice(true, &d.text, None)], None, None)]
+                }
+                Ok(Event::Done(summary)) => {
+                    let finish = openai::finish_reason(summary.finish_reason.into());
+                    let extra = json!(openai::Speculation::from(summary.speculation));
+                    let mut frames = vec![frame(
+                        vec![kind.choice(true, &summary.last.text, finish)],
+                        None,
+                        Some(extra),
+                    )];
+                    if include_usage {
+                        frames.push(frame(Vec::new(), Some(summary.usage.into()), None));
+                    }
+                    frames.push(SseEvent::default().data("[DONE]"));
+                    frames
+                }
+                Err(e) => {
+                    vec![SseEvent::default().data(kind.error(&e, &request_id).body().to_string())]
                 }
             };
-            let finish = openai::finish_reason(c.finish_reason);
-            if !c.text.is_empty() || finish.is_some() {
-                let extra = finish
-                    .and(c.speculation)
-                    .map(|s| json!(openai::Speculation::from(s)));
-                if send(frame(vec![kind.choice(true, &c.text, finish)], None, extra))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            if finish.is_some() && include_usage {
-                let usage = Some(c.usage.unwrap_or_default().into());
-                if send(frame(Vec::new(), usage, None)).await.is_err() {
+            for f in frames {
+                if send(f).await.is_err() {
                     return;
                 }
             }
         }
-        let _ = send(Event::default().data("[DONE]")).await;
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }

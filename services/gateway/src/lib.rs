@@ -4,7 +4,7 @@
 //! A request flows through one module per stage:
 //!
 //! ```text
-//! service ──► validation ──► placement ──► decode ──► output ──► caller
+//! service ──► validate ────► placement ──► decode ──► output ──► caller
 //! (admit,      (Valid*       (verifier,    (Verifier.Run,  (detokenize,
 //!  deadline)    types)        drafter,      recovery)       stop strings)
 //!                             epoch)
@@ -14,7 +14,7 @@
 //! placement chooses from (`health` watches each one, `resolve` re-resolves
 //! `dns:///` entries).
 //!
-//! `main.rs` only parses [`Args`] into a [`Config`] and calls [`run`].
+//! `main.rs` hands the process to the service kit: `specmesh_server::main::<Gateway>()`.
 
 #![forbid(unsafe_code)]
 
@@ -33,9 +33,10 @@ mod quota;
 mod resolve;
 mod server;
 mod service;
+mod state;
 mod stats;
 mod stop;
-mod validation;
+mod validate;
 
 #[cfg(test)]
 mod testing;
@@ -43,6 +44,6 @@ mod testing;
 pub use config::{Args, Config, ConfigError, DEFAULT_MAX_NEW_TOKENS, SERVICE};
 pub use error::GatewayError;
 pub use model::{ModelMeta, ModelMetaError};
-pub use server::{run, serve};
+pub use server::Gateway;
 pub use service::GenerationService;
-pub use validation::{Limits, ValidationError};
+pub use validate::{Limits, ValidationError};

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use specmesh_server::cli::Service;
 use specmesh_server::cli::{FlagError, in_range};
 use specmesh_server::discovery::{MemberSource, SourceError, parse_sources};
-use specmesh_server::{ServerArgs, Service, TlsArgs};
+use specmesh_server::{ServerArgs, TlsArgs};
 
 /// The verifier as its command line knows it.
 pub const SERVICE: Service = Service {

@@ -1,6 +1,6 @@
 //! The `specmesh.v1.Verifier` gRPC service: validates at the edge, admits
 //! against the session limit and the KV budget, and hands the session to
-//! its driver task ([`crate::session`]).
+//! its driver task ([`crate::stream`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,8 +14,8 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::error::VerifierError;
-use crate::session::drive;
 use crate::state::State;
+use crate::stream::drive;
 use crate::validate::ValidRun;
 
 /// Events buffered per session ahead of the gateway reading them.

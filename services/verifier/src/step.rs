@@ -1,7 +1,7 @@
 //! One session's steps, without I/O: which tree each step verifies (the
 //! drafter's, validated, or the root alone) and what a verified step sends
 //! (its `Committed` event to the gateway and, when due, its `StepOutcome`
-//! to the drafter). The `session` module is its I/O shell: it asks the
+//! to the drafter). The `stream` module is its I/O shell: it asks the
 //! drafter, runs the batcher, sends the messages. Tests drive this core
 //! in-process, step by step.
 //!

@@ -6,15 +6,15 @@ use specmesh_draft::{Arm, Budget, Feedback, TokenTree};
 use specmesh_proto::v1;
 
 use super::{Applied, Awaited, DraftSession, Reported, Untimed};
-use crate::error::SessionError;
+use crate::error::DrafterError;
 use crate::validate::{Outcome, SpanOutcome};
 
 impl DraftSession {
     /// Takes in the verifier's outcome of the next unreported steps. Errors
     /// end the stream with INVALID_ARGUMENT and change nothing.
-    pub fn apply(&mut self, wire: v1::StepOutcome) -> Result<Applied, SessionError> {
+    pub fn apply(&mut self, wire: v1::StepOutcome) -> Result<Applied, DrafterError> {
         let Some(awaited) = &self.awaited else {
-            return Err(SessionError::Internal(
+            return Err(DrafterError::Internal(
                 "an outcome was applied while no tree awaited one".into(),
             ));
         };
@@ -28,7 +28,7 @@ impl DraftSession {
                 "is {step}, but the outcome due reports {}: outcomes were lost",
                 steps_text(next, last)
             );
-            return Err(SessionError::invalid("outcome.step", reason));
+            return Err(DrafterError::invalid("outcome.step", reason));
         }
         let span = u64::from(wire.span.max(1));
         let tree_wait_us = wire.tree_wait_us;
@@ -48,7 +48,7 @@ impl DraftSession {
                      reported already"
                 ),
             };
-            return Err(SessionError::invalid("outcome.span", reason));
+            return Err(DrafterError::invalid("outcome.span", reason));
         }
         let awaited = self.awaited.take().expect("checked above");
         let arm = awaited.arm();
@@ -119,7 +119,7 @@ impl DraftSession {
         wire: v1::StepOutcome,
         tree: &TokenTree,
         arm: Arm,
-    ) -> Result<(Reported, usize), SessionError> {
+    ) -> Result<(Reported, usize), DrafterError> {
         let o = Outcome::from_wire(wire, tree, self.vocab)?;
         self.check_room(o.committed.len())?;
         self.node_budget = o.node_budget;
@@ -176,7 +176,7 @@ impl DraftSession {
         wire: v1::StepOutcome,
         steps: usize,
         arm: Arm,
-    ) -> Result<(Reported, usize), SessionError> {
+    ) -> Result<(Reported, usize), DrafterError> {
         let o = SpanOutcome::from_wire(wire, steps, self.vocab)?;
         self.check_room(o.committed.len())?;
         self.node_budget = o.node_budget;
@@ -184,7 +184,7 @@ impl DraftSession {
         for (i, &token) in o.committed.iter().enumerate() {
             let root = *self.context.last().expect("the context only grows");
             let tree = TokenTree::root_only(root, limits)
-                .map_err(|e| SessionError::Internal(format!("root-only tree: {e}")))?;
+                .map_err(|e| DrafterError::Internal(format!("root-only tree: {e}")))?;
             let feedback = Feedback {
                 tree: &tree,
                 path: &[0],
@@ -201,14 +201,14 @@ impl DraftSession {
     }
 
     /// Refuses an outcome that would grow the context past its limit.
-    fn check_room(&self, committed: usize) -> Result<(), SessionError> {
+    fn check_room(&self, committed: usize) -> Result<(), DrafterError> {
         let grown = self.context.len().saturating_add(committed);
         if grown > self.max_context {
             let reason = format!(
                 "would grow the context to {grown} tokens, over the drafter's limit of {}",
                 self.max_context
             );
-            return Err(SessionError::invalid("outcome.committed", reason));
+            return Err(DrafterError::invalid("outcome.committed", reason));
         }
         Ok(())
     }

@@ -471,7 +471,7 @@ mod arbitrary_outcomes {
             for o in outcomes {
                 let step = o.step;
                 match s.apply(o) {
-                    Err(SessionError::Invalid { field, .. }) => {
+                    Err(DrafterError::Invalid { field, .. }) => {
                         prop_assert!(field.starts_with("outcome."));
                         break;
                     }

@@ -10,7 +10,7 @@ use specmesh_tree::TreeBuilder;
 use tonic::Code;
 
 use super::{Outcome, SpanOutcome, start};
-use crate::error::SessionError;
+use crate::error::DrafterError;
 
 fn any_float() -> impl Strategy<Value = f32> {
     prop_oneof![
@@ -148,7 +148,7 @@ fn any_outcome() -> impl Strategy<Value = v1::StepOutcome> {
         )
 }
 
-fn refused_with_a_reason(e: SessionError) -> Result<(), TestCaseError> {
+fn refused_with_a_reason(e: DrafterError) -> Result<(), TestCaseError> {
     let status = tonic::Status::from(e);
     prop_assert_eq!(status.code(), Code::InvalidArgument, "{:?}", status);
     prop_assert!(!status.message().is_empty());

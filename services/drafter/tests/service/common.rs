@@ -35,12 +35,12 @@ pub fn config() -> Config {
 
 impl Drafter {
     pub async fn start(config: Config) -> Drafter {
-        let listening = specmesh_drafter::bind(config)
+        let listening = specmesh_server::start::<specmesh_drafter::Drafter>(config)
             .await
             .expect("binding the drafter");
         let (stop, stopped) = oneshot::channel::<()>();
         let addr = listening.local_addr();
-        let stats = listening.stats();
+        let stats = Arc::clone(listening.handle());
         let served = tokio::spawn(listening.serve(async {
             let _ = stopped.await;
         }));

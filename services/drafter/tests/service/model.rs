@@ -143,10 +143,13 @@ async fn a_self_draft_serves_and_a_foreign_tokenizer_is_refused_at_startup() {
         target_tokenizer: Some(dir.path().to_path_buf()),
         ..model_config(None)
     });
-    let err = tokio::time::timeout(Duration::from_secs(60), specmesh_drafter::bind(cfg))
-        .await
-        .unwrap()
-        .expect_err("a foreign vocabulary is refused");
+    let err = tokio::time::timeout(
+        Duration::from_secs(60),
+        specmesh_server::start::<specmesh_drafter::Drafter>(cfg),
+    )
+    .await
+    .unwrap()
+    .expect_err("a foreign vocabulary is refused");
     let msg = format!("{err:#}");
     assert!(
         msg.contains("cannot draft for the target tokenizer"),
@@ -375,10 +378,13 @@ async fn a_draft_head_ranking_of_another_tokenizer_is_refused_at_start() {
             token_ranking: Some(file.clone()),
             ..model_config(None)
         });
-        let err = tokio::time::timeout(Duration::from_secs(60), specmesh_drafter::bind(cfg))
-            .await
-            .unwrap()
-            .expect_err("a bad ranking is refused");
+        let err = tokio::time::timeout(
+            Duration::from_secs(60),
+            specmesh_server::start::<specmesh_drafter::Drafter>(cfg),
+        )
+        .await
+        .unwrap()
+        .expect_err("a bad ranking is refused");
         let msg = format!("{err:#}");
         assert!(msg.contains(says), "{}: {msg}", file.display());
         assert!(

@@ -139,9 +139,12 @@ async fn run_serves_the_configured_address_until_shutdown() {
     let mut cfg = config();
     cfg.listen = format!("127.0.0.1:{port}").parse().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(specmesh_drafter::run(cfg, async {
-        let _ = stopped.await;
-    }));
+    let served = tokio::spawn(specmesh_server::run::<specmesh_drafter::Drafter>(
+        cfg,
+        async {
+            let _ = stopped.await;
+        },
+    ));
     let endpoint = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(10);
     let channel = loop {

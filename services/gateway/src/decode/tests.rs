@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 
 use super::*;
 use crate::testing::{self, Proxy, Step, committed, committed_ids, ids, spawn_verifier, started};
-use crate::validation::ValidSpeculation;
+use crate::validate::ValidSpeculation;
 
 const PROMPT: &str = "Q: ";
 

@@ -1,6 +1,6 @@
 //! Errors in OpenAI's shape (`{"error": {"message", "type", "param",
 //! "code"}}`) with the HTTP status a client of OpenAI's API expects; the
-//! gRPC status of the shared service maps here, once.
+//! gateway's errors map here, once, straight from [`GatewayError`].
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use tonic::Code;
 
 use super::openai::BadRequest;
+use crate::error::GatewayError;
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -72,9 +73,12 @@ impl From<BadRequest> for ApiError {
     }
 }
 
-impl From<tonic::Status> for ApiError {
-    fn from(s: tonic::Status) -> ApiError {
-        let (status, kind) = match s.code() {
+impl ApiError {
+    /// A gateway error as OpenAI's: the HTTP status its code means, the
+    /// parameter at fault by OpenAI's name (`chat`: the request was a chat
+    /// completion), `Retry-After` when a retry may succeed.
+    pub fn from_gateway(e: &GatewayError, request_id: &str, chat: bool) -> ApiError {
+        let (status, kind) = match e.code() {
             Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
                 (StatusCode::BAD_REQUEST, "invalid_request_error")
             }
@@ -90,17 +94,10 @@ impl From<tonic::Status> for ApiError {
             ),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
         };
-        let retry_after = s
-            .metadata()
-            .get("retry-after")
-            .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
-            .or_else(|| {
-                // Overload without a quota's own estimate: soon.
-                (s.code() == Code::ResourceExhausted).then(|| HeaderValue::from_static("1"))
-            });
         ApiError {
-            retry_after,
-            ..ApiError::new(status, kind, s.message())
+            param: e.field().and_then(|f| super::openai::param(f, chat)),
+            retry_after: e.retry_after_secs().map(HeaderValue::from),
+            ..ApiError::new(status, kind, e.public_message(request_id))
         }
     }
 }
@@ -120,26 +117,52 @@ mod tests {
     use super::*;
 
     #[test]
-    fn statuses_map_to_openais_and_keep_retry_after() {
-        let mut s = tonic::Status::resource_exhausted("tenant over quota");
-        s.metadata_mut().insert("retry-after", "7".parse().unwrap());
-        let e = ApiError::from(s);
+    fn gateway_errors_map_to_openais_with_param_and_retry_after() {
+        use crate::validate::ValidationError;
+        let e = ApiError::from_gateway(&GatewayError::Overloaded { limit: 2 }, "r", true);
         assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(e.body()["error"]["type"], "rate_limit_error");
         let r = e.into_response();
-        assert_eq!(r.headers()[header::RETRY_AFTER], "7");
-        for (code, http) in [
-            (Code::InvalidArgument, 400),
-            (Code::Unauthenticated, 401),
-            (Code::PermissionDenied, 403),
-            (Code::Unavailable, 503),
-            (Code::DeadlineExceeded, 504),
-            (Code::Internal, 500),
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let invalid = GatewayError::Invalid(ValidationError::MaxNewTokens { max: 8, got: 9 });
+        let e = ApiError::from_gateway(&invalid, "r", true);
+        assert_eq!(e.status.as_u16(), 400);
+        assert_eq!(e.body()["error"]["param"], "max_tokens");
+        assert_eq!(
+            e.body()["error"]["message"],
+            "`max_new_tokens` must be at most 8, got 9"
+        );
+        let e = ApiError::from_gateway(
+            &GatewayError::Invalid(ValidationError::EmptyChat),
+            "r",
+            true,
+        );
+        assert_eq!(e.body()["error"]["param"], "messages");
+        let e = ApiError::from_gateway(
+            &GatewayError::Invalid(ValidationError::EmptyPrompt),
+            "r",
+            false,
+        );
+        assert_eq!(e.body()["error"]["param"], "prompt");
+        for (err, http) in [
+            (GatewayError::NoVerifier { attempts: 1 }, 503),
+            (
+                GatewayError::DeadlineExceeded {
+                    timeout: std::time::Duration::from_secs(1),
+                },
+                504,
+            ),
+            (GatewayError::Protocol("bad".into()), 500),
         ] {
-            let e = ApiError::from(tonic::Status::new(code, "m"));
-            assert_eq!(e.status.as_u16(), http, "{code:?}");
-            assert_eq!(e.body()["error"]["message"], "m");
+            let e = ApiError::from_gateway(&err, "r9", false);
+            assert_eq!(e.status.as_u16(), http, "{err:?}");
+            assert!(e.body()["error"]["param"].is_null());
         }
+        let e = ApiError::from_gateway(&GatewayError::Protocol("bad".into()), "r9", false);
+        assert_eq!(
+            e.body()["error"]["message"],
+            "internal error (request id r9)"
+        );
         let e = ApiError::unknown_model("gpt-4", "smollm2-135m");
         assert_eq!((e.status.as_u16(), e.code), (404, Some("model_not_found")));
     }

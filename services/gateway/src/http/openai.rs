@@ -329,6 +329,24 @@ impl CompletionRequest {
     }
 }
 
+/// OpenAI's name for a gRPC API field that validation refused (the
+/// error's `param`); `chat`: the request was a chat completion. `None` for
+/// a field OpenAI's API does not have.
+pub fn param(field: &str, chat: bool) -> Option<String> {
+    let name = match field {
+        "prompt" | "chat" | "chat.messages" if chat => "messages",
+        "prompt" => "prompt",
+        "max_new_tokens" => "max_tokens",
+        "prediction" | "stop" | "tenant" => field,
+        "speculation.mode" | "speculation.max_draft_tokens" => "speculation",
+        f => match f.strip_prefix("sampling.")? {
+            p @ ("temperature" | "top_p" | "seed") => p,
+            _ => return None,
+        },
+    };
+    Some(name.to_owned())
+}
+
 /// OpenAI's finish reasons: an EOS and a stop string are both `stop`.
 pub fn finish_reason(reason: i32) -> Option<&'static str> {
     match v1::FinishReason::try_from(reason).ok()? {

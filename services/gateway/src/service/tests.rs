@@ -2,11 +2,11 @@
 //! header on disk, scripted verifiers): both RPCs, admission, deadlines,
 //! client cancellation, health and graceful shutdown.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use specmesh_proto::v1::generate_request::Input;
 use specmesh_proto::v1::generation_client::GenerationClient;
-use tokio::net::TcpListener;
+use specmesh_proto::v1::{FinishReason, Usage};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::Code;
@@ -34,11 +34,14 @@ impl Gateway {
             verifiers.iter().map(|v| v.endpoint.clone()).collect(),
             model,
         );
+        config.listen = "127.0.0.1:0".parse().unwrap();
         tweak(&mut config);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let started = specmesh_server::start::<crate::Gateway>(config)
+            .await
+            .expect("starting the gateway");
+        let endpoint = format!("http://{}", started.local_addr());
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(crate::serve(listener, config, async {
+        let task = tokio::spawn(started.serve(async {
             let _ = rx.await;
         }));
         let client = GenerationClient::connect(endpoint.clone()).await.unwrap();
@@ -318,10 +321,13 @@ async fn no_reachable_verifier_is_unavailable() {
     let mut config = Config::new(vec![endpoint], model);
     // Fail at once rather than wait for the verifier to come back.
     config.placement_wait = Duration::ZERO;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    let started = specmesh_server::start::<crate::Gateway>(config)
+        .await
+        .expect("starting the gateway");
+    let addr = started.local_addr();
     let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(crate::serve(listener, config, async {
+    let task = tokio::spawn(started.serve(async {
         let _ = rx.await;
     }));
     let mut client = GenerationClient::connect(format!("http://{addr}"))
@@ -420,33 +426,4 @@ async fn shutdown_cuts_what_outlives_the_grace_period() {
     let started_at = Instant::now();
     gw.stop().await.unwrap();
     assert!(started_at.elapsed() < Duration::from_secs(5));
-}
-
-#[test]
-fn grpc_timeouts_parse_per_the_spec() {
-    let parse = |v: &str| {
-        let mut m = MetadataMap::new();
-        m.insert("grpc-timeout", v.parse().unwrap());
-        client_timeout(&m)
-    };
-    assert_eq!(parse("5S"), Some(Duration::from_secs(5)));
-    assert_eq!(parse("250m"), Some(Duration::from_millis(250)));
-    assert_eq!(parse("2H"), Some(Duration::from_secs(7200)));
-    assert_eq!(parse("3M"), Some(Duration::from_secs(180)));
-    assert_eq!(parse("7u"), Some(Duration::from_micros(7)));
-    assert_eq!(parse("9n"), Some(Duration::from_nanos(9)));
-    assert_eq!(parse("123456789S"), None);
-    assert_eq!(parse("S"), None);
-    assert_eq!(parse("5s"), None);
-    assert_eq!(parse("-5S"), None);
-    assert_eq!(client_timeout(&MetadataMap::new()), None);
-}
-
-#[test]
-fn request_ids_are_uuid_v4() {
-    let id = new_request_id();
-    assert_eq!(id.len(), 36);
-    assert_eq!(id.as_bytes()[14], b'4');
-    assert!(matches!(id.as_bytes()[19], b'8' | b'9' | b'a' | b'b'));
-    assert_ne!(id, new_request_id());
 }

@@ -1,5 +1,6 @@
 //! Every way a request can be refused, and the message the caller reads.
 
+use crate::auth::Caller;
 use specmesh_proto::v1::{
     Chat, ChatMessage as WireMessage, GenerateRequest, SamplingParams as WireSampling,
     SpeculationParams,
@@ -52,14 +53,20 @@ fn sampling(temperature: f32, top_p: f32, top_k: u32) -> Option<WireSampling> {
 }
 
 async fn refused(request: GenerateRequest) -> String {
-    let err = validator().validate(request).await.unwrap_err();
+    let err = validator()
+        .validate(request, &Caller::keyless())
+        .await
+        .unwrap_err();
     assert!(!err.is_internal(), "{err}");
     err.to_string()
 }
 
 #[tokio::test]
 async fn a_plain_prompt_gets_the_defaults() {
-    let valid = validator().validate(prompt("abc")).await.unwrap();
+    let valid = validator()
+        .validate(prompt("abc"), &Caller::keyless())
+        .await
+        .unwrap();
     assert_eq!(valid.prompt_tokens, testing::ids("abc"));
     assert_eq!(valid.prompt_len(), 3);
     // The default 256 is capped by the server limit (48), which fits.
@@ -78,14 +85,20 @@ async fn a_plain_prompt_gets_the_defaults() {
 #[tokio::test]
 async fn the_default_budget_shrinks_to_the_room_left() {
     let long = "x".repeat(60);
-    let valid = validator().validate(prompt(&long)).await.unwrap();
+    let valid = validator()
+        .validate(prompt(&long), &Caller::keyless())
+        .await
+        .unwrap();
     assert_eq!(valid.max_new_tokens, 4);
 }
 
 #[tokio::test]
 async fn chat_is_rendered_with_the_template() {
     let valid = validator()
-        .validate(chat(&[("system", "be brief"), ("user", "hi")]))
+        .validate(
+            chat(&[("system", "be brief"), ("user", "hi")]),
+            &Caller::keyless(),
+        )
         .await
         .unwrap();
     let text = testing::tokenizer()
@@ -134,7 +147,14 @@ async fn the_context_bounds_report_both_numbers() {
     );
     let mut r = prompt(&"x".repeat(40));
     r.max_new_tokens = 24;
-    assert_eq!(validator().validate(r).await.unwrap().max_new_tokens, 24);
+    assert_eq!(
+        validator()
+            .validate(r, &Caller::keyless())
+            .await
+            .unwrap()
+            .max_new_tokens,
+        24
+    );
 }
 
 #[tokio::test]
@@ -173,7 +193,7 @@ async fn sampling_bounds_name_the_field() {
     );
     // top_p 0 is proto3's "unset": keep everything.
     let valid = validator()
-        .validate(with(sampling(0.7, 0.0, 259)))
+        .validate(with(sampling(0.7, 0.0, 259)), &Caller::keyless())
         .await
         .unwrap();
     assert_eq!(
@@ -203,7 +223,10 @@ async fn speculation_settings_are_checked() {
         refused(with(2, 17)).await,
         "`speculation.max_draft_tokens` must be at most 16, got 17"
     );
-    let valid = validator().validate(with(1, 5)).await.unwrap();
+    let valid = validator()
+        .validate(with(1, 5), &Caller::keyless())
+        .await
+        .unwrap();
     assert_eq!(
         valid.speculation,
         ValidSpeculation {
@@ -219,7 +242,10 @@ async fn speculation_settings_are_checked() {
         (3, v1::DraftSources::DraftModel),
         (4, v1::DraftSources::Combined),
     ] {
-        let valid = validator().validate(with(mode, 0)).await.unwrap();
+        let valid = validator()
+            .validate(with(mode, 0), &Caller::keyless())
+            .await
+            .unwrap();
         assert!(valid.speculation.speculates());
         assert_eq!(valid.speculation.sources(), sources, "mode {mode}");
     }
@@ -244,7 +270,7 @@ async fn stop_strings_are_bounded() {
         "`stop[0]` must be at most 256 bytes, got 258"
     );
     let valid = validator()
-        .validate(with(vec!["x".repeat(256); 8]))
+        .validate(with(vec!["x".repeat(256); 8]), &Caller::keyless())
         .await
         .unwrap();
     assert_eq!(valid.stop.len(), 8);
@@ -274,7 +300,10 @@ async fn session_and_tenant_ids_are_short_and_plain() {
         "`tenant` may only hold A-Z, a-z, 0-9, '.', '_', ':' and '-', got 'é' at byte 3"
     );
     let valid = validator()
-        .validate(with(&"s".repeat(128), "team-a.prod:1_x"))
+        .validate(
+            with(&"s".repeat(128), "team-a.prod:1_x"),
+            &Caller::keyless(),
+        )
         .await
         .unwrap();
     assert_eq!(valid.session_id.as_deref(), Some("s".repeat(128).as_str()));
@@ -290,7 +319,7 @@ async fn session_and_tenant_ids_are_short_and_plain() {
     );
     assert!(
         validator()
-            .validate(end("chat-1"))
+            .validate(end("chat-1"), &Caller::keyless())
             .await
             .unwrap()
             .end_session

@@ -12,6 +12,8 @@ use specmesh_proto::v1::{self, SpeculationMode, generate_request::Input};
 use specmesh_sampling::SamplingParams;
 use specmesh_tokenizer::{ChatMessage, Tokenizer, TokenizerError};
 
+use crate::auth::{AuthError, Caller};
+
 /// Most stop strings a request may carry.
 pub const MAX_STOP_STRINGS: usize = 8;
 /// Longest stop string, in bytes.
@@ -166,6 +168,9 @@ pub enum ValidationError {
         found: char,
         at: usize,
     },
+    /// The caller's key acts for another tenant than the request names.
+    #[error(transparent)]
+    Tenant(#[from] AuthError),
     /// The tokenizer failed on text it should handle: a server-side fault.
     #[error("tokenizing the input failed: {0}")]
     Tokenizer(#[source] TokenizerError),
@@ -178,6 +183,30 @@ impl ValidationError {
     /// Whether the fault is the server's (INTERNAL), not the caller's.
     pub fn is_internal(&self) -> bool {
         matches!(self, Self::Tokenizer(_) | Self::WorkerFailed(_))
+    }
+
+    /// The request field at fault, as the gRPC API names it (`prompt`,
+    /// `sampling.top_p`); `None` for faults of no one field. The HTTP
+    /// front maps it to OpenAI's parameter name.
+    pub fn field(&self) -> Option<&str> {
+        Some(match self {
+            Self::MissingInput
+            | Self::EmptyPrompt
+            | Self::NoTokens
+            | Self::PromptTooLong { .. } => "prompt",
+            Self::EmptyChat | Self::UnknownRole { .. } => "chat.messages",
+            Self::NoChatTemplate | Self::ChatTemplate(_) => "chat",
+            Self::ContextExceeded { .. } | Self::MaxNewTokens { .. } => "max_new_tokens",
+            Self::PredictionTooLong { .. } => "prediction",
+            Self::EndWithoutSession => "session_id",
+            Self::Field(f) => f.field.as_str(),
+            Self::SpeculationMode(_) => "speculation.mode",
+            Self::MaxDraftTokens { .. } => "speculation.max_draft_tokens",
+            Self::TooManyStops { .. } | Self::EmptyStop { .. } | Self::StopTooLong { .. } => "stop",
+            Self::IdTooLong { field, .. } | Self::IdCharacter { field, .. } => field,
+            Self::Tenant(_) => "tenant",
+            Self::Tokenizer(_) | Self::WorkerFailed(_) => return None,
+        })
     }
 }
 
@@ -204,9 +233,12 @@ impl Validator {
     }
 
     /// Validates `request`, tokenizing its input on the blocking pool.
+    /// The tenant is `caller`'s (see [`Caller::tenant`]), never another
+    /// the request names.
     pub async fn validate(
         &self,
         request: v1::GenerateRequest,
+        caller: &Caller,
     ) -> Result<ValidGenerateRequest, ValidationError> {
         let text = input(request.input)?;
         let sampling = self.sampling(request.sampling.unwrap_or_default())?;
@@ -216,7 +248,7 @@ impl Validator {
         if request.end_session && session_id.is_none() {
             return Err(ValidationError::EndWithoutSession);
         }
-        let tenant = identifier("tenant", request.tenant)?.unwrap_or_default();
+        let tenant = caller.tenant(&identifier("tenant", request.tenant)?.unwrap_or_default())?;
         let requested = self.requested_new_tokens(request.max_new_tokens)?;
 
         let tokenizer = self.tokenizer.clone();

@@ -4,6 +4,7 @@
 //! or refused with INVALID_ARGUMENT and a message; none panics, and what
 //! passes keeps the limits. `PROPTEST_CASES` raises the count.
 
+use crate::auth::Caller;
 use proptest::prelude::*;
 use specmesh_proto::v1::{self, GenerateRequest};
 use tonic::Code;
@@ -109,7 +110,7 @@ proptest! {
     fn any_generate_request_is_valid_or_refused_with_a_reason(request in any_request()) {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let validator = Validator::new(testing::tokenizer(), LIMITS);
-        match rt.block_on(validator.validate(request)) {
+        match rt.block_on(validator.validate(request, &Caller::keyless())) {
             Ok(valid) => {
                 prop_assert!(!valid.prompt_tokens.is_empty());
                 prop_assert!(valid.prompt_tokens.len() + valid.max_new_tokens as usize <= LIMITS.max_context as usize);

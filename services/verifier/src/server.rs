@@ -1,0 +1,199 @@
+//! The verifier as the service kit runs it ([`Verifier`]): `build` loads
+//! the target model, measures (or takes) its verify cost curve, starts the
+//! batcher and makes the state its sessions share; the kit binds, serves
+//! (health, reflection, keepalive) and drains. Sessions still running
+//! after the grace period are cut when serving returns.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use specmesh_model::{LoadOptions, Model};
+use specmesh_proto::v1::verifier_server::{SERVICE_NAME, VerifierServer};
+use specmesh_server::{AbortOnDrop, Built, ClientAuth, Drain, Endpoints, Security, ServerArgs};
+use specmesh_tokenizer::Tokenizer;
+use tokio::sync::Semaphore;
+use tonic::service::interceptor::InterceptedService;
+
+use crate::batcher::{Batcher, BatcherConfig};
+use crate::calibrate;
+use crate::config::{Args, Config, SERVICE};
+use crate::draft_link::DrafterChannels;
+use crate::drafters::{self, Drafters};
+use crate::goodput;
+use crate::memory::KvMemory;
+use crate::metrics;
+use crate::service::VerifierService;
+use crate::state::{State, Target};
+
+/// Largest `RunRequest` beyond its context tokens (ids, sampling, plan).
+const MESSAGE_OVERHEAD: usize = 64 << 10;
+
+/// The verifier service: `specmesh_server::main::<Verifier>()` is its
+/// whole process.
+#[derive(Debug, Clone, Copy)]
+pub struct Verifier;
+
+impl specmesh_server::Service for Verifier {
+    type Args = Args;
+    type Config = Config;
+    type Handle = ();
+
+    const CLI: specmesh_server::cli::Service = SERVICE;
+    // Only the identities of --tls-allow-san (the gateway's) may run
+    // sessions.
+    const CLIENT_AUTH: ClientAuth = ClientAuth::Required;
+
+    fn server_args(args: &Args) -> &ServerArgs {
+        &args.server
+    }
+
+    fn config(args: Args) -> anyhow::Result<Config> {
+        Ok(Config::try_from(args)?)
+    }
+
+    fn endpoints(config: &Config) -> Endpoints {
+        Endpoints {
+            listen: config.listen,
+            metrics_listen: config.metrics_listen,
+            health_listen: config.health_listen,
+            tls: config.tls.clone(),
+            shutdown_grace: config.shutdown_grace,
+        }
+    }
+
+    async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
+        build(config, security).await
+    }
+}
+
+/// Loads the model, measures its cost curve (unless given), starts the
+/// batcher and builds the state and the routes.
+async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
+    // A catalog name becomes its cached file here: parsing flags touches no file.
+    let model_name = config.model.display().to_string();
+    let model_path = specmesh_catalog::resolve(Some(&config.model)).context("`--model`")?;
+    let config = Config {
+        model: model_path.clone(),
+        ..config
+    };
+    let threads = config.threads;
+    let (model, eos, vocab_fingerprint) =
+        tokio::task::spawn_blocking(move || load(&model_path, threads)).await??;
+    let memory = specmesh_model::process::memory_line(model.weight_bytes());
+    println!(
+        "specmesh-verifier: model {} loaded: {memory}",
+        config.model.display()
+    );
+    tracing::info!(model = %config.model.display(), %memory, "model loaded");
+    let model = Arc::new(model);
+    // The curve's own k = 1 measurement is the plain step; a given curve
+    // still needs the step timed (a few one-token forwards).
+    let m = Arc::clone(&model);
+    let (cost_curve, step_seconds) = match config.cost_curve.clone() {
+        Some(curve) => {
+            let step = tokio::task::spawn_blocking(move || calibrate::step_seconds(&m, 256, 3));
+            (curve, step.await??)
+        }
+        None => {
+            let c = tokio::task::spawn_blocking(move || calibrate::measure(&m, 256, 3)).await??;
+            tracing::info!(curve = ?c.curve, "measured the verify cost curve");
+            (c.curve, c.step_seconds)
+        }
+    };
+    tracing::info!(step_seconds, "measured the plain step");
+    // The planner's step-time model starts from the measured curve and
+    // learns from every forward after.
+    let step_model = specmesh_planner::StepModel::from_curve(step_seconds, &cost_curve)
+        .context("the verify cost curve as the goodput planner's prior")?;
+    if config.goodput_planner {
+        tracing::info!(
+            max_forward_tokens = config.max_forward_tokens,
+            "goodput planner on: each batched forward verifies the drafted nodes that pay"
+        );
+    }
+    let batcher = Batcher::start(
+        Arc::clone(&model),
+        BatcherConfig {
+            max_batch: config.max_batch,
+            window: config.batch_window,
+            prefill_chunk: config.prefill_chunk_tokens,
+        },
+        goodput::Goodput::new(
+            config.goodput_planner,
+            config.max_forward_tokens,
+            step_model,
+        ),
+    );
+    let max_context = model.config().max_context;
+    let drafters = Arc::new(Drafters::new(config.drafters.clone()));
+    let resolve = drafters.is_dynamic().then(|| {
+        AbortOnDrop(tokio::spawn(drafters::resolve_every(
+            Arc::clone(&drafters),
+            config.resolve_interval,
+        )))
+    });
+    let state = Arc::new(State {
+        vocab: model.config().vocab_size as u32,
+        target: Target {
+            name: model_name,
+            vocab_fingerprint,
+            step_seconds,
+        },
+        memory: KvMemory::new(config.kv_budget_bytes, config.max_cached_sessions),
+        channels: DrafterChannels::new(security.clone(), config.drafter_tls_name.clone()),
+        drafters: Arc::clone(&drafters),
+        eos,
+        cost_curve,
+        slots: Arc::new(Semaphore::new(config.max_sessions)),
+        decoding: Arc::clone(&batcher.counters().decoding),
+        batcher,
+        model,
+        config: config.clone(),
+    });
+    let limit = specmesh_server::message_bytes(max_context, MESSAGE_OVERHEAD);
+    let service = VerifierServer::new(VerifierService::new(Arc::clone(&state)))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    let service = InterceptedService::new(service, security.authorize());
+    let mut built = Built::new(
+        tonic::service::Routes::new(service),
+        SERVICE_NAME,
+        Box::new(Sessions(Arc::clone(&state))),
+    );
+    built.metrics_label = state.target.name.clone();
+    built.metrics = Box::new(move |registry| {
+        state.batcher.counters().metrics.register(registry);
+        registry
+            .register(Box::new(metrics::StateMetrics::new(state)))
+            .context("registering the verifier's metrics")
+    });
+    built.tasks.extend(resolve);
+    Ok(built)
+}
+
+/// The running sessions, as the drain sees them.
+struct Sessions(Arc<State>);
+
+impl Drain for Sessions {
+    fn in_flight(&self) -> usize {
+        self.0.running()
+    }
+}
+
+/// The model, its end-of-sequence ids and its vocabulary's fingerprint.
+fn load(path: &Path, threads: Option<usize>) -> anyhow::Result<(Model, Vec<u32>, u64)> {
+    let opts = LoadOptions {
+        threads,
+        ..LoadOptions::default()
+    };
+    let model = Model::load(path, &opts)
+        .with_context(|| format!("loading the model {}", path.display()))?;
+    let tokenizer = Tokenizer::from_model_path(path)
+        .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
+    Ok((
+        model,
+        tokenizer.eos_token_ids().to_vec(),
+        tokenizer.vocab_fingerprint(),
+    ))
+}
