@@ -75,6 +75,9 @@ pub struct Endpoints {
     pub shutdown_grace: Duration,
 }
 
+/// Registers a service's collectors with the registry `/metrics` serves.
+pub type RegisterMetrics = Box<dyn FnOnce(&Registry) -> anyhow::Result<()> + Send>;
+
 /// A built service, ready to be bound and served.
 pub struct Built<H = ()> {
     /// Its gRPC services (health and reflection are added by the kit).
@@ -86,7 +89,7 @@ pub struct Built<H = ()> {
     /// The `model` label of its `/metrics` (what it serves).
     pub metrics_label: String,
     /// Registers its collectors; called only with `--metrics-listen`.
-    pub metrics: Box<dyn FnOnce(&Registry) -> anyhow::Result<()> + Send>,
+    pub metrics: RegisterMetrics,
     /// After the grace period and [`Drain::close`], how long closing may
     /// take before serving returns anyway.
     pub close_timeout: Duration,

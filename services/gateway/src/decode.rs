@@ -395,7 +395,6 @@ fn run_request(
     tokens.extend_from_slice(&request.prompt_tokens);
     tokens.extend_from_slice(committed);
     let done = u32::try_from(committed.len()).unwrap_or(u32::MAX);
-    let s = &request.sampling;
     RunRequest {
         session_id: request
             .session_id
@@ -405,12 +404,7 @@ fn run_request(
         tokens,
         prompt_len: request.prompt_len(),
         max_new_tokens: request.max_new_tokens.saturating_sub(done),
-        sampling: Some(v1::SamplingParams {
-            temperature: s.temperature,
-            top_p: s.top_p,
-            top_k: u32::try_from(s.top_k).unwrap_or(u32::MAX),
-            seed: s.seed,
-        }),
+        sampling: Some(v1::SamplingParams::from(&request.sampling)),
         draft: placement.drafter.as_ref().map(|endpoint| DraftPlan {
             endpoint: endpoint.clone(),
             max_draft_tokens: request.speculation.max_draft_tokens,
