@@ -1,9 +1,11 @@
 //! What every test suite of the workspace shares: where the real models
-//! are. A missing model fails the test that needs it, with the command
+//! are, and the strategies that fuzz the services' wire edges ([`fuzz`]). A missing model fails the test that needs it, with the command
 //! that fetches it: CI always has the models, and a skipped test proves
 //! nothing.
 
 #![forbid(unsafe_code)]
+
+pub mod fuzz;
 
 use std::path::{Path, PathBuf};
 

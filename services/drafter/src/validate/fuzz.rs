@@ -6,19 +6,15 @@
 use proptest::prelude::*;
 use specmesh_draft::TreeLimits;
 use specmesh_proto::v1;
+use specmesh_testing::fuzz;
 use specmesh_tree::TreeBuilder;
-use tonic::Code;
 
 use super::{Outcome, SpanOutcome, start};
 use crate::error::DrafterError;
 
+/// A log-probability a verifier may send: ordinary ones, NaN, ±∞, any.
 fn any_float() -> impl Strategy<Value = f32> {
-    prop_oneof![
-        -5.0f32..1.0,
-        Just(f32::NAN),
-        Just(f32::NEG_INFINITY),
-        any::<f32>()
-    ]
+    fuzz::any_float(-5.0..1.0)
 }
 
 fn any_token() -> impl Strategy<Value = u32> {
@@ -37,14 +33,6 @@ fn any_start() -> impl Strategy<Value = v1::DraftStart> {
             }),
         0..8,
     );
-    let sampling = (any_float(), any_float(), any::<u32>(), any::<u64>()).prop_map(
-        |(temperature, top_p, top_k, seed)| v1::SamplingParams {
-            temperature,
-            top_p,
-            top_k,
-            seed,
-        },
-    );
     (
         (any::<String>(), any::<u64>(), any::<String>()),
         (
@@ -56,7 +44,7 @@ fn any_start() -> impl Strategy<Value = v1::DraftStart> {
             any::<u32>(),
             any::<u32>(),
             curve,
-            prop::option::of(sampling),
+            prop::option::of(fuzz::any_sampling()),
             any::<i32>(),
         ),
         (
@@ -149,10 +137,7 @@ fn any_outcome() -> impl Strategy<Value = v1::StepOutcome> {
 }
 
 fn refused_with_a_reason(e: DrafterError) -> Result<(), TestCaseError> {
-    let status = tonic::Status::from(e);
-    prop_assert_eq!(status.code(), Code::InvalidArgument, "{:?}", status);
-    prop_assert!(!status.message().is_empty());
-    Ok(())
+    fuzz::refused_with_a_reason(&tonic::Status::from(e))
 }
 
 proptest! {

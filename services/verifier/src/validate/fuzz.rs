@@ -5,42 +5,15 @@
 
 use proptest::prelude::*;
 use specmesh_proto::v1;
-use tonic::Code;
+use specmesh_testing::fuzz;
 
 use super::{RunLimits, ValidRun};
 
-fn any_float() -> impl Strategy<Value = f32> {
-    prop_oneof![
-        0.0f32..2.0,
-        Just(f32::NAN),
-        Just(f32::INFINITY),
-        Just(-0.5f32),
-        any::<f32>()
-    ]
-}
-
 fn any_text() -> impl Strategy<Value = String> {
-    prop_oneof![
-        Just(String::new()),
-        "[a-z0-9:._-]{1,40}",
-        any::<String>(),
-        "x{100,300}"
-    ]
+    fuzz::any_text("[a-z0-9:._-]{1,40}")
 }
 
 fn any_request() -> impl Strategy<Value = v1::RunRequest> {
-    let sampling = (
-        any_float(),
-        any_float(),
-        prop_oneof![0u32..64, any::<u32>()],
-        any::<u64>(),
-    )
-        .prop_map(|(temperature, top_p, top_k, seed)| v1::SamplingParams {
-            temperature,
-            top_p,
-            top_k,
-            seed,
-        });
     let plan = (
         any_text(),
         prop_oneof![0u32..128, any::<u32>()],
@@ -72,7 +45,7 @@ fn any_request() -> impl Strategy<Value = v1::RunRequest> {
             prop_oneof![0u32..300, any::<u32>()],
         ),
         (
-            prop::option::of(sampling),
+            prop::option::of(fuzz::any_sampling()),
             prop::option::of(plan),
             any_text(),
             any_text(),
@@ -118,11 +91,7 @@ proptest! {
                     prop_assert!((1..=LIMITS.max_draft_tokens).contains(&plan.max_draft_tokens));
                 }
             }
-            Err(e) => {
-                let status = tonic::Status::from(e);
-                prop_assert_eq!(status.code(), Code::InvalidArgument, "{:?}", status);
-                prop_assert!(!status.message().is_empty());
-            }
+            Err(e) => fuzz::refused_with_a_reason(&tonic::Status::from(e))?,
         }
     }
 }
