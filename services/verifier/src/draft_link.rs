@@ -10,11 +10,13 @@ use std::time::Duration;
 use specmesh_proto::v1::drafter_client::DrafterClient;
 use specmesh_proto::{last_step, v1};
 use specmesh_server::{Dialer, Security};
+use specmesh_tree::TreeLimits;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 use crate::step::Answer;
+use crate::validate;
 
 /// Largest tree a drafter may send: the proto bounds a tree to a few
 /// hundred nodes with draft distributions, far below this.
@@ -125,15 +127,22 @@ impl DraftLink {
     /// The tree for (`epoch`, `step`), waiting at most `wait`: one for that
     /// step, or a span that started earlier and covers it. Trees of other
     /// epochs or for earlier steps only are late or duplicated: dropped.
-    /// [`Answer::Late`]: no tree in time (verify the root alone).
-    pub async fn tree_for(&mut self, epoch: u64, step: u64, wait: Duration) -> Answer {
+    /// [`Answer::Late`]: no tree in time (verify the root alone). The tree
+    /// is read within `limits` (see `validate::drafted`).
+    pub async fn tree_for(
+        &mut self,
+        epoch: u64,
+        step: u64,
+        wait: Duration,
+        limits: TreeLimits,
+    ) -> Answer {
         if let Some(t) = self.early.take() {
             if t.step > step {
                 self.early = Some(t);
                 return Answer::Late;
             }
             if covered_through(&t) >= step {
-                return Answer::Tree(t);
+                return validate::drafted(t, limits);
             }
         }
         let deadline = tokio::time::Instant::now() + wait;
@@ -163,7 +172,7 @@ impl DraftLink {
                 self.early = Some(tree);
                 return Answer::Late;
             }
-            return Answer::Tree(tree);
+            return validate::drafted(tree, limits);
         }
     }
 

@@ -4,7 +4,6 @@
 //! `StepOutcome` after the last.
 
 use specmesh_engine::Step;
-use specmesh_proto::v1;
 
 /// An outcome being gathered; see the module docs.
 #[derive(Debug)]
@@ -17,7 +16,7 @@ pub struct Report {
     added: u64,
     path: Vec<u32>,
     committed: Vec<u32>,
-    top_k: Vec<v1::TopTokens>,
+    top_k: Vec<Vec<(u32, f32)>>,
     /// Microseconds its steps waited for the drafter's tree.
     wait_us: u64,
     /// The verified nodes, when the planner verified part of the tree.
@@ -83,10 +82,7 @@ impl Report {
         self.node_budget = node_budget;
         self.committed.extend_from_slice(&v.accepted);
         self.committed.push(v.bonus);
-        self.top_k.extend(v.top_k.iter().map(|row| v1::TopTokens {
-            tokens: row.iter().map(|t| t.0).collect(),
-            logprobs: row.iter().map(|t| t.1).collect(),
-        }));
+        self.top_k.extend(v.top_k.iter().cloned());
         self.added += 1;
     }
 
@@ -96,20 +92,41 @@ impl Report {
     }
 
     /// The outcome, with the verifier's batch size at the last step.
-    pub fn into_outcome(self, batch_size: usize) -> v1::StepOutcome {
-        v1::StepOutcome {
+    pub fn into_outcome(self, batch_size: usize) -> Outcome {
+        Outcome {
             step: self.last,
+            span: (self.last - self.first + 1) as u32,
             path: self.path,
             committed: self.committed,
             top_k: self.top_k,
             batch_size: batch_size as u32,
-            span: (self.last - self.first + 1) as u32,
             tree_wait_us: self.wait_us,
             node_budget: self.node_budget,
-            pruned: self.granted.is_some(),
-            granted: self.granted.unwrap_or_default(),
+            granted: self.granted,
             forward_us: self.forward_us,
             tree_deadline_us: self.tree_deadline_us,
         }
     }
+}
+
+/// What the target did with the steps a tree stood for, for the drafter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The last step reported.
+    pub step: u64,
+    /// Steps reported, `step` the last.
+    pub span: u32,
+    /// The accepted nodes (the drafter's indices), for a tree with nodes.
+    pub path: Vec<u32>,
+    /// Every token the steps committed.
+    pub committed: Vec<u32>,
+    /// The target's top-k (token, log-probability) per accepted node.
+    pub top_k: Vec<Vec<(u32, f32)>>,
+    pub batch_size: u32,
+    pub tree_wait_us: u64,
+    pub node_budget: Option<u32>,
+    /// The verified nodes, when the planner verified part of the tree.
+    pub granted: Option<Vec<u32>>,
+    pub forward_us: u32,
+    pub tree_deadline_us: u32,
 }

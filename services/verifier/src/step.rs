@@ -11,17 +11,19 @@
 //! its last step. The gateway sees every step as usual.
 
 use specmesh_engine::{Finish, Step};
-use specmesh_proto::{last_step, tree_from_wire, tree_span, v1};
 use specmesh_tree::{TokenTree, TreeLimits, merge};
 
 use crate::error::VerifierError;
-use crate::report::Report;
+use crate::report::{Outcome, Report};
 
 /// What the drafter answered for a step.
 #[derive(Debug)]
 pub enum Answer {
     /// Its tree (possibly one with no nodes standing for a span of steps).
-    Tree(v1::TokenTree),
+    Tree(Drafted),
+    /// A tree the wire edge refused (`validate::drafted`): the session
+    /// goes on without the drafter, for this reason.
+    Invalid(String),
     /// Nothing in time: this step verifies the root alone.
     Late,
     /// The stream failed: the session goes on without speculation.
@@ -30,6 +32,19 @@ pub enum Answer {
     /// (FAILED_PRECONDITION: no draft model, or one whose vocabulary is not
     /// the target's): the run fails with its message.
     Refused(String),
+}
+
+/// A drafter's tree as the wire edge read it.
+#[derive(Debug)]
+pub struct Drafted {
+    /// Its nodes, valid within the session's tree limits; `None`: nothing
+    /// drafted.
+    pub tree: Option<TokenTree>,
+    /// The last step it stands for (a tree with no nodes may stand for a
+    /// span of steps).
+    pub last: u64,
+    /// The drafter drafted it ahead of the outcome before it.
+    pub drafted_ahead: bool,
 }
 
 /// The tree a step verifies.
@@ -47,11 +62,29 @@ pub struct Planned {
 #[derive(Debug)]
 pub struct Verified {
     /// To the gateway, every step.
-    pub committed: v1::Committed,
+    pub committed: Committed,
     /// To the drafter, when its outcome is due.
-    pub outcome: Option<v1::StepOutcome>,
+    pub outcome: Option<Outcome>,
     /// The session ended at this step.
     pub finished: bool,
+}
+
+/// A verified step, for the gateway.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Committed {
+    pub step: u64,
+    /// The tokens it committed (accepted drafts, then the target's own).
+    pub tokens: Vec<u32>,
+    /// Drafted nodes it verified, and how many the target accepted.
+    pub drafted: u32,
+    pub accepted: u32,
+    /// The session ended at this step; `eos`: by the end-of-sequence token.
+    pub finished: bool,
+    pub eos: bool,
+    /// Microseconds the step waited for the drafter's tree.
+    pub tree_wait_us: u32,
+    /// The step verified a tree drafted ahead.
+    pub drafted_ahead: bool,
 }
 
 /// What the batch made of a step's tree: the goodput planner's grant, and
@@ -180,9 +213,13 @@ impl Steps {
                     (root_only(root, self.bounds.vocab)?, self.step)
                 }
                 Answer::Refused(why) => return Err(VerifierError::DrafterRefused(why)),
-                Answer::Tree(wire) => match self.accept(&wire, root, room) {
-                    Ok(planned) => {
-                        self.drafted_ahead = wire.drafted_ahead && !wire.nodes.is_empty();
+                Answer::Invalid(why) => {
+                    dropped = Some(why);
+                    (root_only(root, self.bounds.vocab)?, self.step)
+                }
+                Answer::Tree(drafted) => match self.accept(drafted, root, room) {
+                    Ok((planned, ahead)) => {
+                        self.drafted_ahead = ahead;
                         planned
                     }
                     Err(why) => {
@@ -211,28 +248,31 @@ impl Steps {
         })
     }
 
-    /// The drafter's tree for this step, validated and fitted to `room`,
-    /// with the last step it stands for; `Err`: why the drafter is dropped.
+    /// The limits a drafter's tree must keep (the wire edge checks them).
+    pub fn tree_limits(&self) -> TreeLimits {
+        let b = self.bounds;
+        TreeLimits::new(b.max_draft + 1, b.max_depth, b.vocab)
+    }
+
+    /// The drafter's tree for this step, fitted to `room`, with the last
+    /// step it stands for and whether it was drafted ahead; `Err`: why the
+    /// drafter is dropped.
     fn accept(
         &self,
-        wire: &v1::TokenTree,
+        drafted: Drafted,
         root: u32,
         room: usize,
-    ) -> Result<(TokenTree, u64), String> {
+    ) -> Result<((TokenTree, u64), bool), String> {
         let b = self.bounds;
-        let span = tree_span(wire).map_err(|e| format!("the drafter sent an invalid tree: {e}"))?;
-        if wire.nodes.is_empty() {
+        let Some(tree) = drafted.tree else {
             // "Nothing drafted", possibly sent ahead of the last outcome:
             // its root is not known to the drafter yet, so it is not
             // checked. A span that started before this step (its tree came
             // late) covers the rest of it.
-            let through = last_step(wire.step, span).max(self.step);
+            let through = drafted.last.max(self.step);
             let tree = root_only(root, b.vocab).map_err(|e| e.to_string())?;
-            return Ok((tree, through));
-        }
-        let full = TreeLimits::new(b.max_draft + 1, b.max_depth, b.vocab);
-        let tree = tree_from_wire(wire, full)
-            .map_err(|e| format!("the drafter sent an invalid tree: {e}"))?;
+            return Ok(((tree, through), false));
+        };
         if tree.root_token() != root {
             return Err(format!(
                 "the drafter's tree has root {}, the session's is {root}",
@@ -243,9 +283,9 @@ impl Steps {
         if tree.len() > fit.max_nodes {
             // Near the end of the context: keep the best part that fits.
             let fitted = merge(&[&tree], fit).map_err(|e| format!("fitting the tree: {e}"))?;
-            return Ok((fitted, self.step));
+            return Ok(((fitted, self.step), drafted.drafted_ahead));
         }
-        Ok((tree, self.step))
+        Ok(((tree, self.step), drafted.drafted_ahead))
     }
 
     /// Records the verification of the planned tree (`grant.offered`
@@ -253,7 +293,7 @@ impl Steps {
     /// forward of `batch_size` sessions) and moves to the next step.
     pub fn verified(&mut self, step: &Step, grant: StepGrant, batch_size: usize) -> Verified {
         let finished = step.finish.is_some();
-        let committed = v1::Committed {
+        let committed = Committed {
             step: self.step,
             tokens: step.committed.clone(),
             drafted: step.drafted as u32,

@@ -142,7 +142,7 @@ async fn drive_inner(
         let asked = std::time::Instant::now();
         let answer = match link.as_mut().filter(|_| steps.wants_tree()) {
             Some(l) => Some(tokio::select! {
-                a = l.tree_for(steps.epoch(), steps.step(), v.config.draft_timeout) => a,
+                a = l.tree_for(steps.epoch(), steps.step(), v.config.draft_timeout, steps.tree_limits()) => a,
                 () = events.closed() => return Ok(session),
             }),
             None => None,
@@ -200,14 +200,16 @@ async fn drive_inner(
         // The drafter first: its next tree is on this session's critical
         // path, the gateway's stream is not.
         if let (Some(l), Some(outcome)) = (link.as_mut(), verified.outcome)
-            && let Err(e) = l.outcome(outcome).await
+            && let Err(e) = l.outcome(outcome.into()).await
         {
             tracing::warn!(error = %e, "drafter lost: going on without speculation");
             steps.drafter_lost();
             link = None;
         }
         let event = v1::SessionEvent {
-            event: Some(v1::session_event::Event::Committed(verified.committed)),
+            event: Some(v1::session_event::Event::Committed(
+                verified.committed.into(),
+            )),
         };
         if send(events, event).await.is_err() || verified.finished {
             return Ok(session);

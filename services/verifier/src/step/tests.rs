@@ -21,6 +21,14 @@ const BOUNDS: TreeBounds = TreeBounds {
     recycle_top_k: 2,
 };
 
+/// `wire` as the wire edge reads it within `BOUNDS`.
+fn drafted(wire: v1::TokenTree) -> Answer {
+    crate::validate::drafted(
+        wire,
+        TreeLimits::new(BOUNDS.max_draft + 1, BOUNDS.max_depth, BOUNDS.vocab),
+    )
+}
+
 /// root ─┬─ 11 ── 12
 ///       └─ 13
 fn wire_tree(root: u32, step: u64) -> v1::TokenTree {
@@ -76,7 +84,7 @@ fn without_a_drafter_every_step_is_the_root_alone_and_owes_nothing() {
 fn a_drafted_tree_is_verified_and_its_outcome_reports_the_path() {
     let mut s = Steps::new(0, BOUNDS, true);
     assert!(s.wants_tree());
-    let p = s.plan(Some(Answer::Tree(wire_tree(7, 0))), 7, 100).unwrap();
+    let p = s.plan(Some(drafted(wire_tree(7, 0))), 7, 100).unwrap();
     assert_eq!((p.tree.len(), p.tree.draft_len(), p.top_k), (4, 3, 2));
     let v = s.verified(&step(vec![0, 1, 2], vec![11, 12], 40, 3), grant(3), 2);
     assert_eq!(v.committed.tokens, [11, 12, 40]);
@@ -92,7 +100,7 @@ fn a_drafted_tree_is_verified_and_its_outcome_reports_the_path() {
 #[test]
 fn a_span_covers_its_steps_without_asking_and_is_reported_once() {
     let mut s = Steps::new(0, BOUNDS, true);
-    let p = s.plan(Some(Answer::Tree(nothing(0, 3))), 7, 100).unwrap();
+    let p = s.plan(Some(drafted(nothing(0, 3))), 7, 100).unwrap();
     assert_eq!(p.tree.len(), 1);
     let mut outcomes = Vec::new();
     for (i, t) in [(0u64, 8u32), (1, 9), (2, 10)] {
@@ -117,7 +125,7 @@ fn a_span_that_began_earlier_covers_the_rest_of_itself() {
     s.plan(Some(Answer::Late), 7, 100).unwrap();
     s.verified(&step(vec![0], vec![], 8, 0), grant(0), 1);
     // Sent for step 0 with a span of 3, arriving at step 1: covers 1..=2.
-    s.plan(Some(Answer::Tree(nothing(0, 3))), 8, 100).unwrap();
+    s.plan(Some(drafted(nothing(0, 3))), 8, 100).unwrap();
     assert!(
         s.verified(&step(vec![0], vec![], 9, 0), grant(0), 1)
             .outcome
@@ -147,15 +155,15 @@ fn a_late_tree_verifies_the_root_and_still_reports_the_step() {
 #[test]
 fn a_bad_tree_or_a_lost_stream_drops_the_drafter_for_good() {
     let cases: Vec<(Answer, &str)> = vec![
-        (Answer::Tree(wire_tree(6, 0)), "root 6"),
+        (drafted(wire_tree(6, 0)), "root 6"),
         (
-            Answer::Tree(v1::TokenTree {
+            drafted(v1::TokenTree {
                 span: 2,
                 ..wire_tree(7, 0)
             }),
             "span 2",
         ),
-        (Answer::Tree(nothing(0, 65)), "over the limit"),
+        (drafted(nothing(0, 65)), "over the limit"),
         (Answer::Lost("reset".into()), "lost: reset"),
     ];
     for (answer, why) in cases {
@@ -177,7 +185,7 @@ fn a_bad_tree_or_a_lost_stream_drops_the_drafter_for_good() {
 #[test]
 fn a_tree_over_the_room_left_keeps_its_best_part() {
     let mut s = Steps::new(0, BOUNDS, true);
-    let p = s.plan(Some(Answer::Tree(wire_tree(7, 0))), 7, 1).unwrap();
+    let p = s.plan(Some(drafted(wire_tree(7, 0))), 7, 1).unwrap();
     assert_eq!(p.tree.len(), 2, "the root and one node fit");
     assert_eq!(p.tree.draft_len(), 1);
 }
@@ -185,7 +193,7 @@ fn a_tree_over_the_room_left_keeps_its_best_part() {
 #[test]
 fn the_last_step_owes_the_drafter_nothing() {
     let mut s = Steps::new(0, BOUNDS, true);
-    s.plan(Some(Answer::Tree(wire_tree(7, 0))), 7, 100).unwrap();
+    s.plan(Some(drafted(wire_tree(7, 0))), 7, 100).unwrap();
     let mut last = step(vec![0, 1], vec![11], 2, 3);
     last.finish = Some(Finish::Eos);
     let v = s.verified(&last, grant(3), 1);
@@ -210,7 +218,7 @@ fn the_wait_for_a_tree_and_a_tree_drafted_ahead_are_reported() {
     s.waited(std::time::Duration::from_micros(2500));
     let mut ahead = wire_tree(7, 0);
     ahead.drafted_ahead = true;
-    s.plan(Some(Answer::Tree(ahead)), 7, 100).unwrap();
+    s.plan(Some(drafted(ahead)), 7, 100).unwrap();
     let v = s.verified(&step(vec![0, 1], vec![11], 12, 3), grant(3), 1);
     assert_eq!(v.committed.tree_wait_us, 2500);
     assert!(v.committed.drafted_ahead);
@@ -218,8 +226,7 @@ fn the_wait_for_a_tree_and_a_tree_drafted_ahead_are_reported() {
 
     // The next step waited for nothing and its tree was drafted after
     // the outcome: neither carries over.
-    s.plan(Some(Answer::Tree(wire_tree(12, 1))), 12, 100)
-        .unwrap();
+    s.plan(Some(drafted(wire_tree(12, 1))), 12, 100).unwrap();
     let v = s.verified(&step(vec![0], vec![], 5, 3), grant(3), 1);
     assert_eq!(v.committed.tree_wait_us, 0);
     assert!(!v.committed.drafted_ahead);
@@ -229,7 +236,7 @@ fn the_wait_for_a_tree_and_a_tree_drafted_ahead_are_reported() {
 #[test]
 fn the_forward_that_verified_a_step_is_reported_to_the_drafter() {
     let mut s = Steps::new(0, BOUNDS, true);
-    s.plan(Some(Answer::Tree(wire_tree(7, 0))), 7, 100).unwrap();
+    s.plan(Some(drafted(wire_tree(7, 0))), 7, 100).unwrap();
     let timed = StepGrant {
         forward_us: 84_000,
         tree_deadline_us: 8_400,
@@ -255,9 +262,7 @@ fn a_reattached_drafter_drafts_from_the_step_it_took_and_its_refusal_only_drops_
     s.verified(&step(vec![0], vec![], 10, 0), grant(0), 1);
     s.reattached();
     assert!(s.wants_tree());
-    let p = s
-        .plan(Some(Answer::Tree(wire_tree(10, 3))), 10, 100)
-        .unwrap();
+    let p = s.plan(Some(drafted(wire_tree(10, 3))), 10, 100).unwrap();
     assert_eq!((p.tree.draft_len(), p.top_k), (3, 2));
     let v = s.verified(&step(vec![0, 1], vec![11], 40, 3), grant(3), 1);
     assert_eq!(v.committed.step, 3);
