@@ -56,13 +56,14 @@ mod report;
 use std::time::{Duration, Instant};
 
 use specmesh_draft::{Arm, Arms, Budget, DraftContext, PolicyConfig, TenantKey, TokenTree};
-use specmesh_proto::{MAX_TREE_SPAN, tree_to_wire, v1};
+use specmesh_proto::MAX_TREE_SPAN;
 
 pub use ahead::AheadStats;
 pub use report::Reported;
 
 use crate::drafters::SessionDrafter;
 use crate::error::DrafterError;
+use crate::validate::SentTree;
 use specmesh_proto::StartSpec;
 
 /// What [`DraftSession::apply`] made of an outcome.
@@ -103,7 +104,7 @@ pub struct Plan {
 /// A tree ready to send.
 #[derive(Debug, Clone)]
 pub struct Drafted {
-    pub tree: v1::TokenTree,
+    pub tree: SentTree,
     /// Drafted nodes, root excluded.
     pub nodes: usize,
     /// Time spent in the drafter's `propose`.
@@ -432,11 +433,12 @@ impl DraftSession {
         self.ahead = Some((plan.step, last, plan.arm));
         self.next_step = last + 1;
         Some(Drafted {
-            tree: v1::TokenTree {
+            tree: SentTree {
                 epoch: self.epoch,
                 step: plan.step,
                 span: span as u32,
-                ..Default::default()
+                tree: None,
+                drafted_ahead: false,
             },
             nodes: 0,
             took: Duration::ZERO,
@@ -534,8 +536,13 @@ impl DraftSession {
             TokenTree::root_only(root, limits)
                 .map_err(|e| DrafterError::Internal(format!("root-only tree: {e}")))?
         };
-        let mut wire = tree_to_wire(&tree, self.epoch, plan.step);
-        wire.drafted_ahead = drafted_ahead && fits;
+        let sent = SentTree {
+            epoch: self.epoch,
+            step: plan.step,
+            span: 1,
+            tree: Some(tree.clone()),
+            drafted_ahead: drafted_ahead && fits,
+        };
         let nodes = tree.draft_len();
         self.awaited = Some(Awaited::Tree {
             step: plan.step,
@@ -548,11 +555,16 @@ impl DraftSession {
             lost: after.boundary_lost - before.boundary_lost,
         });
         Ok(Drafted {
-            tree: wire,
+            tree: sent,
             nodes,
             took,
             retokenized,
         })
+    }
+
+    /// The target's vocabulary size.
+    pub fn vocab(&self) -> u32 {
+        self.vocab
     }
 
     pub fn tenant(&self) -> &TenantKey {

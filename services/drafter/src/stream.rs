@@ -38,6 +38,7 @@ use tonic::{Code, Status, Streaming};
 use crate::error::DrafterError;
 use crate::session::{Applied, DraftSession, Drafted, Plan, Reported};
 use crate::state::State;
+use crate::validate::Report;
 use specmesh_proto::StartSpec;
 
 /// How long a failed stream waits to hand its error status to a verifier
@@ -242,7 +243,7 @@ impl DraftStream {
                 Err(status) => return Ok((session, End::Cancelled(status.code()))),
             };
             let step = outcome.step;
-            let applied = session.apply(outcome)?;
+            let applied = session.apply(Report::from_wire(outcome, session.vocab())?)?;
             session.record_step_time(Instant::now());
             if let Some(r) = applied.reported() {
                 self.tally.add(r);
@@ -318,7 +319,7 @@ impl DraftStream {
     /// Sends a tree; `false` when the verifier no longer reads.
     async fn send(&mut self, drafted: Drafted) -> Result<bool, DrafterError> {
         let sent = tokio::select! {
-            sent = self.tx.send(Ok(drafted.tree)) => sent.is_ok(),
+            sent = self.tx.send(Ok(v1::TokenTree::from(&drafted.tree))) => sent.is_ok(),
             () = stopped(&mut self.stop) => return Err(DrafterError::ShuttingDown),
         };
         if sent {

@@ -1,7 +1,10 @@
 //! The edge: the verifier's `DraftStart` and `StepOutcome` messages become
 //! validated [`StartSpec`] (converted by `specmesh_proto`, then held to
-//! this drafter's context limit) and [`Outcome`] values here, and nothing past
-//! this module reads a wire message.
+//! this drafter's context limit) and [`Report`] values here (tokens within
+//! the vocabulary, top-k rows whole), and nothing past this module reads a
+//! wire message. What a report says is then checked against the tree it
+//! reports on ([`Outcome`], [`SpanOutcome`]), and a tree to send is written
+//! as its message ([`SentTree`]).
 //!
 //! A message that breaks the protocol ends the stream with
 //! INVALID_ARGUMENT naming the field, rather than being patched up: a
@@ -10,7 +13,7 @@
 
 use specmesh_draft::TokenTree;
 use specmesh_proto::field::check_tokens;
-use specmesh_proto::{StartSpec, v1};
+use specmesh_proto::{StartSpec, tree_to_wire, v1};
 
 use crate::error::DrafterError;
 
@@ -32,6 +35,92 @@ pub fn start(start: v1::DraftStart, max_context: usize) -> Result<StartSpec, Dra
         return Err(DrafterError::invalid("start.prediction", reason));
     }
     Ok(StartSpec::try_from(start)?)
+}
+
+/// A `StepOutcome` as read at the edge: every token below the vocabulary,
+/// every top-k row as many tokens as log-probabilities and no NaN. Whether
+/// it fits what was sent is the session's to check.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Report {
+    /// The last step reported, and how many steps (at least 1).
+    pub step: u64,
+    pub span: u64,
+    /// The accepted path in the reported tree's nodes.
+    pub path: Vec<u32>,
+    pub committed: Vec<u32>,
+    /// (token, log-probability) rows.
+    pub top_k: Vec<Vec<(u32, f32)>>,
+    pub batch_size: u32,
+    /// Microseconds the verifier waited for the tree, the forward's, and
+    /// how long after it the verifier waits for the next tree.
+    pub tree_wait_us: u64,
+    pub forward_us: u32,
+    pub tree_deadline_us: u32,
+    /// The planner's forecast for the next tree.
+    pub node_budget: Option<u32>,
+    /// The verified nodes when only part of the tree was (`None`: all).
+    pub granted: Option<Vec<u32>>,
+}
+
+impl Report {
+    /// Reads `o` for a session of vocabulary `vocab`.
+    pub fn from_wire(o: v1::StepOutcome, vocab: u32) -> Result<Report, DrafterError> {
+        check_tokens("outcome.committed", &o.committed, vocab)?;
+        let granted = if o.pruned {
+            Some(o.granted)
+        } else if !o.granted.is_empty() {
+            return Err(DrafterError::invalid(
+                "outcome.granted",
+                "lists nodes, but `pruned` is false: the whole tree was verified",
+            ));
+        } else {
+            None
+        };
+        Ok(Report {
+            step: o.step,
+            span: u64::from(o.span.max(1)),
+            path: o.path,
+            committed: o.committed,
+            top_k: top_k_from_wire(o.top_k, vocab)?,
+            batch_size: o.batch_size,
+            tree_wait_us: o.tree_wait_us,
+            forward_us: o.forward_us,
+            tree_deadline_us: o.tree_deadline_us,
+            node_budget: o.node_budget,
+            granted,
+        })
+    }
+}
+
+/// A tree to send, as the session planned it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SentTree {
+    pub epoch: u64,
+    /// The step it is for; a tree with no nodes stands for `span` steps.
+    pub step: u64,
+    pub span: u32,
+    /// Its nodes (the root alone when nothing was drafted); `None`: a run
+    /// of steps sent ahead, whose root the drafter does not know yet.
+    pub tree: Option<TokenTree>,
+    /// Drafted ahead of the outcome before it.
+    pub drafted_ahead: bool,
+}
+
+impl From<&SentTree> for v1::TokenTree {
+    fn from(t: &SentTree) -> v1::TokenTree {
+        match &t.tree {
+            Some(tree) => v1::TokenTree {
+                drafted_ahead: t.drafted_ahead,
+                ..tree_to_wire(tree, t.epoch, t.step)
+            },
+            None => v1::TokenTree {
+                epoch: t.epoch,
+                step: t.step,
+                span: t.span,
+                ..Default::default()
+            },
+        }
+    }
 }
 
 /// A validated `StepOutcome`, checked against the tree it reports on.
@@ -69,12 +158,8 @@ pub struct Pruned {
 }
 
 impl Outcome {
-    /// Validates `o`, which reports on `tree` (the tree sent for `o.step`).
-    pub fn from_wire(
-        o: v1::StepOutcome,
-        tree: &TokenTree,
-        vocab: u32,
-    ) -> Result<Outcome, DrafterError> {
+    /// Checks `o` against `tree` (the tree sent for `o.step`).
+    pub fn from_report(o: Report, tree: &TokenTree) -> Result<Outcome, DrafterError> {
         let path = check_path(&o.path, tree)?;
         if o.committed.is_empty() {
             return Err(DrafterError::invalid(
@@ -82,21 +167,15 @@ impl Outcome {
                 "must not be empty: every step commits at least the target's own token",
             ));
         }
-        check_tokens("outcome.committed", &o.committed, vocab)?;
         if !path.is_empty() {
             check_committed_follows_path(&o.committed, &path, tree)?;
         }
-        let top_k = top_k_from_wire(o.top_k, path.len().max(1), "path node", vocab)?;
-        let pruned = if o.pruned {
-            Some(check_pruned(&o.granted, &path, tree)?)
-        } else if !o.granted.is_empty() {
-            return Err(DrafterError::invalid(
-                "outcome.granted",
-                "lists nodes, but `pruned` is false: the whole tree was verified",
-            ));
-        } else {
-            None
+        check_rows(&o.top_k, path.len().max(1), "path node")?;
+        let pruned = match &o.granted {
+            Some(granted) => Some(check_pruned(granted, &path, tree)?),
+            None => None,
         };
+        let top_k = o.top_k;
         Ok(Outcome {
             step: o.step,
             path,
@@ -160,12 +239,8 @@ pub struct SpanOutcome {
 }
 
 impl SpanOutcome {
-    /// Validates `o`, which reports `steps` root-only steps (at least 1).
-    pub fn from_wire(
-        o: v1::StepOutcome,
-        steps: usize,
-        vocab: u32,
-    ) -> Result<SpanOutcome, DrafterError> {
+    /// Checks `o`, which reports `steps` root-only steps (at least 1).
+    pub fn from_report(o: Report, steps: usize) -> Result<SpanOutcome, DrafterError> {
         // A root-only step's path is its root, which a verifier may name
         // (`[0]`) or leave out, as it does for any tree with no nodes.
         let root_path = o.path.is_empty() || (steps == 1 && o.path == [0]);
@@ -184,9 +259,9 @@ impl SpanOutcome {
             );
             return Err(DrafterError::invalid("outcome.committed", reason));
         }
-        check_tokens("outcome.committed", &o.committed, vocab)?;
-        let top_k = top_k_from_wire(o.top_k, steps, "step reported", vocab)?;
-        if o.pruned || !o.granted.is_empty() {
+        check_rows(&o.top_k, steps, "step reported")?;
+        let top_k = o.top_k;
+        if o.granted.is_some() {
             return Err(DrafterError::invalid(
                 "outcome.granted",
                 "is set, but the steps reported verified the root alone: nothing to prune",
@@ -254,13 +329,8 @@ fn check_committed_follows_path(
     Ok(())
 }
 
-/// The top-k rows of an outcome, at most `max_rows`, one per `what`.
-fn top_k_from_wire(
-    rows: Vec<v1::TopTokens>,
-    max_rows: usize,
-    what: &str,
-    vocab: u32,
-) -> Result<Vec<Vec<(u32, f32)>>, DrafterError> {
+/// Refuses more top-k rows than `max_rows`, one per `what`.
+fn check_rows(rows: &[Vec<(u32, f32)>], max_rows: usize, what: &str) -> Result<(), DrafterError> {
     if rows.len() > max_rows {
         let reason = format!(
             "has {} rows, more than {max_rows}: one per {what}",
@@ -268,6 +338,14 @@ fn top_k_from_wire(
         );
         return Err(DrafterError::invalid("outcome.top_k", reason));
     }
+    Ok(())
+}
+
+/// The top-k rows of an outcome as (token, log-probability) pairs.
+fn top_k_from_wire(
+    rows: Vec<v1::TopTokens>,
+    vocab: u32,
+) -> Result<Vec<Vec<(u32, f32)>>, DrafterError> {
     rows.into_iter()
         .enumerate()
         .map(|(j, row)| {
@@ -296,6 +374,16 @@ mod fuzz;
 
 #[cfg(test)]
 mod tests {
+    /// `w` read at the edge, then checked against `tree`.
+    fn outcome_of(w: v1::StepOutcome, tree: &TokenTree) -> Result<Outcome, DrafterError> {
+        Outcome::from_report(Report::from_wire(w, 10)?, tree)
+    }
+
+    /// `w` read at the edge, then checked as reporting `steps` root-only steps.
+    fn span_of(w: v1::StepOutcome, steps: usize) -> Result<SpanOutcome, DrafterError> {
+        SpanOutcome::from_report(Report::from_wire(w, 10)?, steps)
+    }
+
     use specmesh_draft::{CostCurve, PolicyError, TreeLimits};
     use specmesh_proto::{ANONYMOUS_TENANT, CurveFallback};
     use specmesh_tree::TreeBuilder;
@@ -431,21 +519,17 @@ mod tests {
     fn a_span_outcome_has_one_token_per_step() {
         let mut w = outcome(vec![], vec![4, 5, 6]);
         w.top_k = vec![row(vec![4]), row(vec![5, 1]), row(vec![6])];
-        let o = SpanOutcome::from_wire(w, 3, 10).unwrap();
+        let o = span_of(w, 3).unwrap();
         assert_eq!(o.committed, [4, 5, 6]);
         assert_eq!(o.top_k[1], [(5, -1.0), (1, -1.0)]);
         assert_eq!(o.batch_size, 1);
         // One step may name its root as the path.
-        assert!(SpanOutcome::from_wire(outcome(vec![0], vec![4]), 1, 10).is_ok());
+        assert!(span_of(outcome(vec![0], vec![4]), 1).is_ok());
     }
 
     #[test]
     fn bad_span_outcomes_name_the_field() {
-        let bad = |o, steps| {
-            SpanOutcome::from_wire(o, steps, 10)
-                .unwrap_err()
-                .to_string()
-        };
+        let bad = |o, steps| span_of(o, steps).unwrap_err().to_string();
         assert!(bad(outcome(vec![0], vec![4, 5]), 2).starts_with("`outcome.path` is [0]"));
         assert!(bad(outcome(vec![0, 1], vec![4]), 1).starts_with("`outcome.path`"));
         assert!(
@@ -470,7 +554,7 @@ mod tests {
         w.pruned = true;
         w.granted = vec![1, 2];
         w.node_budget = Some(4);
-        let o = Outcome::from_wire(w, &tree(), 10).unwrap();
+        let o = outcome_of(w, &tree()).unwrap();
         let p = o.pruned.expect("pruned");
         assert_eq!(p.tree.tokens(), &[5, 6, 7]);
         assert_eq!(p.path, [0, 1, 2]);
@@ -479,7 +563,7 @@ mod tests {
         // Pruned to the root alone: nothing was verified but the root.
         let mut w = outcome(vec![0], vec![9]);
         w.pruned = true;
-        let o = Outcome::from_wire(w, &tree(), 10).unwrap();
+        let o = outcome_of(w, &tree()).unwrap();
         assert_eq!(o.pruned.unwrap().tree.len(), 1);
         assert_eq!(o.node_budget, None);
     }
@@ -490,7 +574,7 @@ mod tests {
             let mut w = outcome(path, committed);
             w.pruned = pruned;
             w.granted = granted;
-            Outcome::from_wire(w, &tree(), 10).unwrap_err().to_string()
+            outcome_of(w, &tree()).unwrap_err().to_string()
         };
         let e = bad(vec![0, 1], vec![6, 9], true, vec![2, 1]);
         assert!(
@@ -512,13 +596,13 @@ mod tests {
         assert!(e.contains("outcome.granted") && e.contains("pruned"), "{e}");
         let mut w = outcome(vec![], vec![4]);
         w.pruned = true;
-        let e = SpanOutcome::from_wire(w, 1, 10).unwrap_err().to_string();
+        let e = span_of(w, 1).unwrap_err().to_string();
         assert!(e.contains("outcome.granted"), "{e}");
     }
 
     #[test]
     fn a_good_outcome_is_accepted() {
-        let o = Outcome::from_wire(outcome(vec![0, 1, 2], vec![6, 7, 9]), &tree(), 10).unwrap();
+        let o = outcome_of(outcome(vec![0, 1, 2], vec![6, 7, 9]), &tree()).unwrap();
         assert_eq!(o.path, [0, 1, 2]);
         assert_eq!(o.batch_size, 1);
         // Not our tree: any committed tokens, one top-k row (the root's).
@@ -527,13 +611,13 @@ mod tests {
             tokens: vec![4, 3],
             logprobs: vec![-0.1, -3.0],
         }];
-        let o = Outcome::from_wire(w, &tree(), 10).unwrap();
+        let o = outcome_of(w, &tree()).unwrap();
         assert_eq!(o.top_k, [vec![(4, -0.1), (3, -3.0)]]);
     }
 
     #[test]
     fn bad_outcomes_name_the_field() {
-        let bad = |o| Outcome::from_wire(o, &tree(), 10).unwrap_err().to_string();
+        let bad = |o| outcome_of(o, &tree()).unwrap_err().to_string();
         assert_eq!(
             bad(outcome(vec![0, 9], vec![1])),
             "`outcome.path[1]` is 9, but the tree has 4 nodes"

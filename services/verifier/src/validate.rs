@@ -117,6 +117,74 @@ impl ValidRun {
 }
 
 /// A model-free plan with `endpoint` and `fallbacks`, for tests.
+/// A drafter's tree, read within `limits`: [`Answer::Tree`], or
+/// [`Answer::Invalid`] saying why the drafter is dropped.
+pub fn drafted(wire: v1::TokenTree, limits: TreeLimits) -> Answer {
+    let invalid = |e: &dyn std::fmt::Display| {
+        Answer::Invalid(format!("the drafter sent an invalid tree: {e}"))
+    };
+    let span = match tree_span(&wire) {
+        Ok(span) => span,
+        Err(e) => return invalid(&e),
+    };
+    if wire.nodes.is_empty() {
+        return Answer::Tree(Drafted {
+            tree: None,
+            last: last_step(wire.step, span),
+            drafted_ahead: false,
+        });
+    }
+    match tree_from_wire(&wire, limits) {
+        Ok(tree) => Answer::Tree(Drafted {
+            tree: Some(tree),
+            last: wire.step,
+            drafted_ahead: wire.drafted_ahead,
+        }),
+        Err(e) => invalid(&e),
+    }
+}
+
+impl From<Committed> for v1::Committed {
+    fn from(c: Committed) -> v1::Committed {
+        v1::Committed {
+            step: c.step,
+            tokens: c.tokens,
+            drafted: c.drafted,
+            accepted: c.accepted,
+            finished: c.finished,
+            eos: c.eos,
+            tree_wait_us: c.tree_wait_us,
+            drafted_ahead: c.drafted_ahead,
+        }
+    }
+}
+
+impl From<Outcome> for v1::StepOutcome {
+    fn from(o: Outcome) -> v1::StepOutcome {
+        v1::StepOutcome {
+            step: o.step,
+            path: o.path,
+            committed: o.committed,
+            top_k: o
+                .top_k
+                .into_iter()
+                .map(|row| v1::TopTokens {
+                    tokens: row.iter().map(|t| t.0).collect(),
+                    logprobs: row.iter().map(|t| t.1).collect(),
+                })
+                .collect(),
+            batch_size: o.batch_size,
+            span: o.span,
+            tree_wait_us: o.tree_wait_us,
+            node_budget: o.node_budget,
+            pruned: o.granted.is_some(),
+            granted: o.granted.unwrap_or_default(),
+            forward_us: o.forward_us,
+            tree_deadline_us: o.tree_deadline_us,
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn test_plan(endpoint: &str, fallbacks: &[&str]) -> DraftPlan {
     DraftPlan {
@@ -196,73 +264,5 @@ mod tests {
         let mut r = request();
         r.prompt_len = 0;
         assert!(err(r).starts_with("`prompt_len`"));
-    }
-}
-
-/// A drafter's tree, read within `limits`: [`Answer::Tree`], or
-/// [`Answer::Invalid`] saying why the drafter is dropped.
-pub fn drafted(wire: v1::TokenTree, limits: TreeLimits) -> Answer {
-    let invalid = |e: &dyn std::fmt::Display| {
-        Answer::Invalid(format!("the drafter sent an invalid tree: {e}"))
-    };
-    let span = match tree_span(&wire) {
-        Ok(span) => span,
-        Err(e) => return invalid(&e),
-    };
-    if wire.nodes.is_empty() {
-        return Answer::Tree(Drafted {
-            tree: None,
-            last: last_step(wire.step, span),
-            drafted_ahead: false,
-        });
-    }
-    match tree_from_wire(&wire, limits) {
-        Ok(tree) => Answer::Tree(Drafted {
-            tree: Some(tree),
-            last: wire.step,
-            drafted_ahead: wire.drafted_ahead,
-        }),
-        Err(e) => invalid(&e),
-    }
-}
-
-impl From<Committed> for v1::Committed {
-    fn from(c: Committed) -> v1::Committed {
-        v1::Committed {
-            step: c.step,
-            tokens: c.tokens,
-            drafted: c.drafted,
-            accepted: c.accepted,
-            finished: c.finished,
-            eos: c.eos,
-            tree_wait_us: c.tree_wait_us,
-            drafted_ahead: c.drafted_ahead,
-        }
-    }
-}
-
-impl From<Outcome> for v1::StepOutcome {
-    fn from(o: Outcome) -> v1::StepOutcome {
-        v1::StepOutcome {
-            step: o.step,
-            path: o.path,
-            committed: o.committed,
-            top_k: o
-                .top_k
-                .into_iter()
-                .map(|row| v1::TopTokens {
-                    tokens: row.iter().map(|t| t.0).collect(),
-                    logprobs: row.iter().map(|t| t.1).collect(),
-                })
-                .collect(),
-            batch_size: o.batch_size,
-            span: o.span,
-            tree_wait_us: o.tree_wait_us,
-            node_budget: o.node_budget,
-            pruned: o.granted.is_some(),
-            granted: o.granted.unwrap_or_default(),
-            forward_us: o.forward_us,
-            tree_deadline_us: o.tree_deadline_us,
-        }
     }
 }

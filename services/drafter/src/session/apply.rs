@@ -3,23 +3,22 @@
 //! module's docs).
 
 use specmesh_draft::{Arm, Budget, Feedback, TokenTree};
-use specmesh_proto::v1;
 
 use super::{Applied, Awaited, DraftSession, Reported, Untimed};
 use crate::error::DrafterError;
-use crate::validate::{Outcome, SpanOutcome};
+use crate::validate::{Outcome, Report, SpanOutcome};
 
 impl DraftSession {
     /// Takes in the verifier's outcome of the next unreported steps. Errors
     /// end the stream with INVALID_ARGUMENT and change nothing.
-    pub fn apply(&mut self, wire: v1::StepOutcome) -> Result<Applied, DrafterError> {
+    pub fn apply(&mut self, report: Report) -> Result<Applied, DrafterError> {
         let Some(awaited) = &self.awaited else {
             return Err(DrafterError::Internal(
                 "an outcome was applied while no tree awaited one".into(),
             ));
         };
         let (next, last) = awaited.steps();
-        let step = wire.step;
+        let step = report.step;
         if step < next {
             return Ok(Applied::Ignored);
         }
@@ -30,10 +29,10 @@ impl DraftSession {
             );
             return Err(DrafterError::invalid("outcome.step", reason));
         }
-        let span = u64::from(wire.span.max(1));
-        let tree_wait_us = wire.tree_wait_us;
-        let forward_us = wire.forward_us;
-        let tree_deadline_us = wire.tree_deadline_us;
+        let span = report.span;
+        let tree_wait_us = report.tree_wait_us;
+        let forward_us = report.forward_us;
+        let tree_deadline_us = report.tree_deadline_us;
         // `step` is at most `last`, a step a tree was sent for: no overflow.
         let first = (step + 1).checked_sub(span);
         if first != Some(next) {
@@ -57,8 +56,8 @@ impl DraftSession {
             Awaited::Span { .. } => 0,
         };
         let applied = match &awaited {
-            Awaited::Tree { tree, arm, .. } => self.apply_tree(wire, tree, *arm),
-            Awaited::Span { arm, .. } => self.apply_span(wire, span as usize, *arm),
+            Awaited::Tree { tree, arm, .. } => self.apply_tree(report, tree, *arm),
+            Awaited::Span { arm, .. } => self.apply_span(report, span as usize, *arm),
         };
         let (mut reported, batch) = match applied {
             Ok(a) => a,
@@ -116,11 +115,11 @@ impl DraftSession {
     /// path is empty, something else).
     fn apply_tree(
         &mut self,
-        wire: v1::StepOutcome,
+        report: Report,
         tree: &TokenTree,
         arm: Arm,
     ) -> Result<(Reported, usize), DrafterError> {
-        let o = Outcome::from_wire(wire, tree, self.vocab)?;
+        let o = Outcome::from_report(report, tree)?;
         self.check_room(o.committed.len())?;
         self.node_budget = o.node_budget;
         // When the verifier verified only part of the tree, that part is
@@ -173,11 +172,11 @@ impl DraftSession {
     /// each is learned from as the root-only tree it was.
     fn apply_span(
         &mut self,
-        wire: v1::StepOutcome,
+        report: Report,
         steps: usize,
         arm: Arm,
     ) -> Result<(Reported, usize), DrafterError> {
-        let o = SpanOutcome::from_wire(wire, steps, self.vocab)?;
+        let o = SpanOutcome::from_report(report, steps)?;
         self.check_room(o.committed.len())?;
         self.node_budget = o.node_budget;
         let limits = Budget::OFF.limits(self.vocab);

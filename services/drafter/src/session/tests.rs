@@ -1,5 +1,25 @@
+use specmesh_proto::v1;
+
 use super::*;
 use crate::drafters::DrafterSet;
+use crate::validate::Report;
+
+/// Applies `o` as the stream does: read at the edge, then by the session.
+fn apply(s: &mut DraftSession, o: v1::StepOutcome) -> Result<Applied, DrafterError> {
+    let report = Report::from_wire(o, s.vocab())?;
+    s.apply(report)
+}
+
+/// A sent tree as its message, for the assertions.
+trait Wire {
+    fn wire(&self) -> v1::TokenTree;
+}
+
+impl Wire for Drafted {
+    fn wire(&self) -> v1::TokenTree {
+        v1::TokenTree::from(&self.tree)
+    }
+}
 
 /// "a b c d e a b c d e a b c d" over token ids 1..=5: the continuation of
 /// the last token is obvious.
@@ -90,7 +110,7 @@ fn fresh(n: usize) -> Vec<u32> {
 
 fn first_tree(s: &mut DraftSession) -> v1::TokenTree {
     let plan = s.plan_first();
-    s.draft(plan).unwrap().tree
+    s.draft(plan).unwrap().wire()
 }
 
 fn outcome(step: u64, path: Vec<u32>, committed: Vec<u32>) -> v1::StepOutcome {
@@ -118,7 +138,7 @@ fn an_applied_outcome_extends_the_context_and_moves_to_the_next_step() {
     let mut s = session(repetitive(), 8, 1000);
     let tree = first_tree(&mut s);
     let a = tree.nodes[0].token;
-    let applied = s.apply(outcome(0, vec![0, 1], vec![a, 1])).unwrap();
+    let applied = apply(&mut s, outcome(0, vec![0, 1], vec![a, 1])).unwrap();
     let Applied::Next { batch, reported } = applied else {
         panic!("{applied:?}");
     };
@@ -127,7 +147,7 @@ fn an_applied_outcome_extends_the_context_and_moves_to_the_next_step() {
     assert_eq!(s.output().last(), Some(&1));
     let next = s.plan(1);
     assert_eq!(next.step, 1);
-    let tree = s.draft(next).unwrap().tree;
+    let tree = s.draft(next).unwrap().wire();
     assert_eq!((tree.step, tree.root_token), (1, 1));
 }
 
@@ -135,24 +155,23 @@ fn an_applied_outcome_extends_the_context_and_moves_to_the_next_step() {
 fn stale_outcomes_are_ignored_and_future_ones_refused() {
     let mut s = session(repetitive(), 8, 1000);
     first_tree(&mut s);
-    s.apply(outcome(0, vec![], vec![5])).unwrap();
+    apply(&mut s, outcome(0, vec![], vec![5])).unwrap();
     let plan = s.plan(1);
     s.draft(plan).unwrap();
     let before = s.output().to_vec();
     assert_eq!(
-        s.apply(outcome(0, vec![], vec![9])).unwrap(),
+        apply(&mut s, outcome(0, vec![], vec![9])).unwrap(),
         Applied::Ignored
     );
     assert_eq!(s.output(), before, "a duplicate changes nothing");
-    let err = s
-        .apply(outcome(3, vec![], vec![9]))
+    let err = apply(&mut s, outcome(3, vec![], vec![9]))
         .unwrap_err()
         .to_string();
     assert!(err.starts_with("`outcome.step` is 3"), "{err}");
     // One outcome may report one step only here: no span was sent.
     let mut two = outcome(1, vec![], vec![9, 9]);
     two.span = 2;
-    let err = s.apply(two).unwrap_err().to_string();
+    let err = apply(&mut s, two).unwrap_err().to_string();
     assert!(err.starts_with("`outcome.span` is 2"), "{err}");
 }
 
@@ -162,13 +181,13 @@ fn a_zero_token_budget_sends_the_root_alone_every_step() {
     let tree = first_tree(&mut s);
     assert!(tree.nodes.is_empty());
     for step in 0..20 {
-        let applied = s.apply(outcome(step, vec![], vec![5])).unwrap();
+        let applied = apply(&mut s, outcome(step, vec![], vec![5])).unwrap();
         assert!(
             matches!(applied, Applied::Next { reported, .. } if reported == Reported::plain(1))
         );
         let plan = s.plan(1);
         assert!(plan.budget.is_off());
-        let tree = s.draft(plan).unwrap().tree;
+        let tree = s.draft(plan).unwrap().wire();
         assert_eq!((tree.step, tree.root_token), (step + 1, 5));
         assert!(tree.nodes.is_empty());
     }
@@ -178,8 +197,7 @@ fn a_zero_token_budget_sends_the_root_alone_every_step() {
 fn the_context_limit_is_enforced() {
     let mut s = session(repetitive(), 8, 15);
     first_tree(&mut s);
-    let err = s
-        .apply(outcome(0, vec![], vec![5, 1]))
+    let err = apply(&mut s, outcome(0, vec![], vec![5, 1]))
         .unwrap_err()
         .to_string();
     assert!(err.contains("over the drafter's limit of 15"), "{err}");
@@ -209,10 +227,10 @@ fn budgets_stay_within_the_verifier_bounds() {
             want = want % 5 + 1;
         }
         committed.push(want);
-        s.apply(outcome(step, path, committed)).unwrap();
+        apply(&mut s, outcome(step, path, committed)).unwrap();
         let plan = s.plan(4);
         assert!(plan.budget.max_nodes <= 4 && plan.budget.max_depth <= 6);
-        tree = s.draft(plan).unwrap().tree;
+        tree = s.draft(plan).unwrap().wire();
     }
 }
 
@@ -220,9 +238,9 @@ fn budgets_stay_within_the_verifier_bounds() {
 fn a_zero_depth_bound_sends_the_root_alone() {
     let mut s = bounded(repetitive(), 8, 0, 1000);
     assert!(first_tree(&mut s).nodes.is_empty());
-    s.apply(outcome(0, vec![], vec![5])).unwrap();
+    apply(&mut s, outcome(0, vec![], vec![5])).unwrap();
     let plan = s.plan(1);
-    assert!(s.draft(plan).unwrap().tree.nodes.is_empty());
+    assert!(s.draft(plan).unwrap().wire().nodes.is_empty());
 }
 
 #[test]
@@ -232,13 +250,13 @@ fn a_run_of_plain_steps_is_sent_ahead_as_one_span() {
     assert_eq!(first.step, 0);
     assert!(first.nodes.is_empty());
     // Step 0 was the policy's first "off"; the probe is its 16th decision.
-    let ahead = s.plan_ahead(1).expect("a tree sent ahead").tree;
+    let ahead = s.plan_ahead(1).expect("a tree sent ahead").wire();
     assert_eq!((ahead.epoch, ahead.step, ahead.span), (7, 1, 14));
     assert!(ahead.nodes.is_empty());
     assert!(s.plan_ahead(1).is_none(), "one tree ahead at a time");
 
     let c = fresh(15);
-    let applied = s.apply(outcome(0, vec![], vec![c[0]])).unwrap();
+    let applied = apply(&mut s, outcome(0, vec![], vec![c[0]])).unwrap();
     assert_eq!(
         applied,
         Applied::Ahead {
@@ -248,7 +266,7 @@ fn a_run_of_plain_steps_is_sent_ahead_as_one_span() {
     );
     // The step after the span probes: kept until the span's outcome.
     assert!(s.plan_ahead(1).is_none());
-    let applied = s.apply(span_outcome(14, c[1..].to_vec())).unwrap();
+    let applied = apply(&mut s, span_outcome(14, c[1..].to_vec())).unwrap();
     assert_eq!(
         applied,
         Applied::Next {
@@ -262,9 +280,9 @@ fn a_run_of_plain_steps_is_sent_ahead_as_one_span() {
     let plan = s.next_plan(1);
     assert_eq!(plan.step, 15);
     assert!(!plan.budget.is_off(), "the probe: {plan:?}");
-    let probe = s.draft(plan).unwrap().tree;
+    let probe = s.draft(plan).unwrap().wire();
     assert_eq!((probe.step, probe.root_token), (15, c[14]));
-    let next = s.plan_ahead(1).expect("the next run").tree;
+    let next = s.plan_ahead(1).expect("the next run").wire();
     assert_eq!((next.step, next.span), (16, 15), "probe to probe");
 }
 
@@ -276,11 +294,11 @@ fn a_span_outcome_teaches_what_its_steps_one_by_one_would() {
     first_tree(&mut each);
     let mut probe_each = None;
     for step in 0..15 {
-        let applied = each.apply(span_outcome(step, vec![c[step as usize]]));
+        let applied = apply(&mut each, span_outcome(step, vec![c[step as usize]]));
         assert!(matches!(applied, Ok(Applied::Next { .. })), "{applied:?}");
         let plan = each.plan(1);
         assert_eq!(plan.budget.is_off(), step < 14, "step {step}");
-        let tree = each.draft(plan).unwrap().tree;
+        let tree = each.draft(plan).unwrap().wire();
         if step == 14 {
             probe_each = Some(tree);
         }
@@ -289,10 +307,10 @@ fn a_span_outcome_teaches_what_its_steps_one_by_one_would() {
     let mut span = not_paying(true, 1000);
     first_tree(&mut span);
     span.plan_ahead(1).unwrap();
-    span.apply(span_outcome(0, vec![c[0]])).unwrap();
-    span.apply(span_outcome(14, c[1..].to_vec())).unwrap();
+    apply(&mut span, span_outcome(0, vec![c[0]])).unwrap();
+    apply(&mut span, span_outcome(14, c[1..].to_vec())).unwrap();
     let plan = span.next_plan(1);
-    let probe = span.draft(plan).unwrap().tree;
+    let probe = span.draft(plan).unwrap().wire();
 
     assert_eq!(span.output(), each.output());
     assert_eq!(Some(&probe), probe_each.as_ref());
@@ -307,48 +325,48 @@ fn outcomes_inside_a_span_are_applied_in_order_or_ignored() {
     s.plan_ahead(1).unwrap();
     let c = fresh(15);
     assert!(matches!(
-        s.apply(outcome(0, vec![], vec![c[0]])),
+        apply(&mut s, outcome(0, vec![], vec![c[0]])),
         Ok(Applied::Ahead { .. })
     ));
     // A duplicate of step 0's outcome.
     assert_eq!(
-        s.apply(outcome(0, vec![], vec![c[0]])).unwrap(),
+        apply(&mut s, outcome(0, vec![], vec![c[0]])).unwrap(),
         Applied::Ignored
     );
     // A verifier that got the span's tree late reports its first steps on
     // their own, then the rest.
     assert_eq!(
-        s.apply(span_outcome(1, vec![c[1]])).unwrap(),
+        apply(&mut s, span_outcome(1, vec![c[1]])).unwrap(),
         Applied::Within(Reported::plain(1))
     );
     assert_eq!(
-        s.apply(span_outcome(3, c[2..4].to_vec())).unwrap(),
+        apply(&mut s, span_outcome(3, c[2..4].to_vec())).unwrap(),
         Applied::Within(Reported::plain(2))
     );
     let before = s.output().to_vec();
     // Stale or duplicated reports of steps inside the span change nothing.
     assert_eq!(
-        s.apply(span_outcome(3, c[2..4].to_vec())).unwrap(),
+        apply(&mut s, span_outcome(3, c[2..4].to_vec())).unwrap(),
         Applied::Ignored
     );
     assert_eq!(
-        s.apply(span_outcome(2, vec![c[2]])).unwrap(),
+        apply(&mut s, span_outcome(2, vec![c[2]])).unwrap(),
         Applied::Ignored
     );
     assert_eq!(s.output(), before);
     // Reporting steps twice, or skipping some, is refused and changes
     // nothing either.
-    let err = s.apply(span_outcome(5, c[1..6].to_vec())).unwrap_err();
+    let err = apply(&mut s, span_outcome(5, c[1..6].to_vec())).unwrap_err();
     assert!(
         err.to_string().starts_with("`outcome.span` is 5")
             && err.to_string().contains("reported already"),
         "{err}"
     );
-    let err = s.apply(span_outcome(14, c[6..].to_vec())).unwrap_err();
+    let err = apply(&mut s, span_outcome(14, c[6..].to_vec())).unwrap_err();
     assert!(err.to_string().contains("but not steps 4..=5"), "{err}");
     let mut short = span_outcome(14, c[4..].to_vec());
     short.committed.pop();
-    let err = s.apply(short).unwrap_err().to_string();
+    let err = apply(&mut s, short).unwrap_err().to_string();
     assert!(
         err.starts_with("`outcome.committed` has 10 tokens"),
         "{err}"
@@ -356,7 +374,7 @@ fn outcomes_inside_a_span_are_applied_in_order_or_ignored() {
     assert_eq!(s.output(), before);
 
     assert_eq!(
-        s.apply(span_outcome(14, c[4..].to_vec())).unwrap(),
+        apply(&mut s, span_outcome(14, c[4..].to_vec())).unwrap(),
         Applied::Next {
             batch: 1,
             reported: Reported::plain(11)
@@ -370,8 +388,8 @@ fn an_outcome_past_the_span_is_refused() {
     let mut s = not_paying(true, 1000);
     first_tree(&mut s);
     s.plan_ahead(1).unwrap();
-    s.apply(outcome(0, vec![], vec![40])).unwrap();
-    let err = s.apply(span_outcome(15, fresh(15))).unwrap_err();
+    apply(&mut s, outcome(0, vec![], vec![40])).unwrap();
+    let err = apply(&mut s, span_outcome(15, fresh(15))).unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(
         err.to_string()
@@ -382,8 +400,7 @@ fn an_outcome_past_the_span_is_refused() {
     let mut s = not_paying(true, 1000);
     first_tree(&mut s);
     s.plan_ahead(1).unwrap();
-    let err = s
-        .apply(span_outcome(14, fresh(14)))
+    let err = apply(&mut s, span_outcome(14, fresh(14)))
         .unwrap_err()
         .to_string();
     assert!(err.starts_with("`outcome.step` is 14"), "{err}");
@@ -395,15 +412,15 @@ fn a_session_that_never_speculates_sends_spans_of_the_maximum() {
     s.pipeline = true;
     first_tree(&mut s);
     let max = u64::from(MAX_TREE_SPAN);
-    let ahead = s.plan_ahead(1).unwrap().tree;
+    let ahead = s.plan_ahead(1).unwrap().wire();
     assert_eq!((ahead.step, u64::from(ahead.span)), (1, max));
-    s.apply(outcome(0, vec![], vec![40])).unwrap();
+    apply(&mut s, outcome(0, vec![], vec![40])).unwrap();
     // Nothing to wait for: the next run goes at once, a span ahead.
-    let next = s.plan_ahead(1).unwrap().tree;
+    let next = s.plan_ahead(1).unwrap().wire();
     assert_eq!((next.step, u64::from(next.span)), (max + 1, max));
-    let applied = s.apply(span_outcome(max, fresh(max as usize))).unwrap();
+    let applied = apply(&mut s, span_outcome(max, fresh(max as usize))).unwrap();
     assert!(matches!(applied, Applied::Ahead { .. }), "{applied:?}");
-    let third = s.plan_ahead(1).unwrap().tree;
+    let third = s.plan_ahead(1).unwrap().wire();
     assert_eq!(third.step, 2 * max + 1);
 }
 
@@ -412,9 +429,8 @@ fn a_span_outcome_is_held_to_the_context_limit() {
     let mut s = not_paying(true, repetitive().len() + 10);
     first_tree(&mut s);
     s.plan_ahead(1).unwrap();
-    s.apply(outcome(0, vec![], vec![40])).unwrap();
-    let err = s
-        .apply(span_outcome(14, fresh(14)))
+    apply(&mut s, outcome(0, vec![], vec![40])).unwrap();
+    let err = apply(&mut s, span_outcome(14, fresh(14)))
         .unwrap_err()
         .to_string();
     assert!(err.contains("over the drafter's limit of 24"), "{err}");
@@ -470,7 +486,7 @@ mod arbitrary_outcomes {
             let mut tree = first_tree(&mut s);
             for o in outcomes {
                 let step = o.step;
-                match s.apply(o) {
+                match apply(&mut s, o) {
                     Err(DrafterError::Invalid { field, .. }) => {
                         prop_assert!(field.starts_with("outcome."));
                         break;
@@ -480,7 +496,7 @@ mod arbitrary_outcomes {
                     Ok(Applied::Next { batch, .. }) => {
                         prop_assert_eq!(step, tree.step);
                         let plan = s.plan(batch);
-                        tree = s.draft(plan).unwrap().tree;
+                        tree = s.draft(plan).unwrap().wire();
                         prop_assert_eq!(tree.step, step + 1);
                         prop_assert_eq!(Some(&tree.root_token), s.context.last());
                         prop_assert!(tree.nodes.len() <= max_draft as usize);
@@ -538,19 +554,19 @@ fn the_verifiers_node_budget_caps_the_next_tree_and_prices_it_alone() {
     let mut o = outcome(0, vec![0, 1], vec![a, 1]);
     o.batch_size = 64;
     o.node_budget = Some(2);
-    let Applied::Next { batch, .. } = s.apply(o).unwrap() else {
+    let Applied::Next { batch, .. } = apply(&mut s, o).unwrap() else {
         panic!("a next tree is due");
     };
     let plan = s.next_plan(batch);
     assert!(!plan.budget.is_off(), "the budget is the verifier's to cut");
     assert!(plan.budget.drafted() <= 2, "{:?}", plan.budget);
-    let tree = s.draft(plan).unwrap().tree;
+    let tree = s.draft(plan).unwrap().wire();
     assert!(!tree.nodes.is_empty() && tree.nodes.len() <= 2);
     // A zero budget: nothing drafted (but probes).
     let mut o = outcome(1, vec![0], vec![2]);
     o.node_budget = Some(0);
     o.pruned = true;
-    let Applied::Next { batch, .. } = s.apply(o).unwrap() else {
+    let Applied::Next { batch, .. } = apply(&mut s, o).unwrap() else {
         panic!("a next tree is due");
     };
     assert!(s.next_plan(batch).budget.is_off());
@@ -573,8 +589,8 @@ fn nodes_the_verifier_left_out_are_not_learned_as_rejected() {
     let mut o = outcome(0, vec![0, 1], vec![a, 99]);
     o.pruned = true;
     o.granted = vec![1];
-    pruned.apply(o).unwrap();
-    whole.apply(outcome(0, vec![0, 1], vec![a, 99])).unwrap();
+    apply(&mut pruned, o).unwrap();
+    apply(&mut whole, outcome(0, vec![0, 1], vec![a, 99])).unwrap();
     let depth_2 = |s: &DraftSession| {
         let arm = s.arms.arms().next().expect("an arm");
         s.arms.policy(arm).expect("its policy").stats().rate(2)

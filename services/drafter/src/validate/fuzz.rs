@@ -9,7 +9,7 @@ use specmesh_proto::v1;
 use specmesh_testing::fuzz;
 use specmesh_tree::TreeBuilder;
 
-use super::{Outcome, SpanOutcome, start};
+use super::{Outcome, Report, SpanOutcome, start};
 use crate::error::DrafterError;
 
 /// A log-probability a verifier may send: ordinary ones, NaN, ±∞, any.
@@ -156,11 +156,16 @@ proptest! {
         b.push(a, 7, 0.8).unwrap();
         b.push(0, 8, 0.3).unwrap();
         let tree = b.build();
-        if let Err(e) = Outcome::from_wire(o.clone(), &tree, 10) {
-            refused_with_a_reason(e)?;
-        }
-        if let Err(e) = SpanOutcome::from_wire(o, steps, 10) {
-            refused_with_a_reason(e)?;
+        match Report::from_wire(o, 10) {
+            Ok(report) => {
+                if let Err(e) = Outcome::from_report(report.clone(), &tree) {
+                    refused_with_a_reason(e)?;
+                }
+                if let Err(e) = SpanOutcome::from_report(report, steps) {
+                    refused_with_a_reason(e)?;
+                }
+            }
+            Err(e) => refused_with_a_reason(e)?,
         }
     }
 }

@@ -37,12 +37,12 @@ fn a_guess_that_held_is_the_next_tree_and_any_other_is_dropped() {
     let mut s = session(repetitive(), 8, 1000);
     first_tree(&mut s);
     let plan = guessed(&mut s);
-    s.apply(outcome(0, vec![0, 1], vec![5, 1])).unwrap();
+    apply(&mut s, outcome(0, vec![0, 1], vec![5, 1])).unwrap();
     assert!(!s.blocks(&plan) && s.has_ready(&plan));
     let sent = s.draft(plan).unwrap();
-    assert!(sent.tree.drafted_ahead);
-    assert_eq!(sent.tree.root_token, 1);
-    let tokens: Vec<u32> = sent.tree.nodes.iter().map(|n| n.token).collect();
+    assert!(sent.wire().drafted_ahead);
+    assert_eq!(sent.wire().root_token, 1);
+    let tokens: Vec<u32> = sent.wire().nodes.iter().map(|n| n.token).collect();
     assert_eq!(tokens, [2, 3]);
     assert_eq!(s.ahead_stats().hits, 1);
     assert!(
@@ -54,22 +54,22 @@ fn a_guess_that_held_is_the_next_tree_and_any_other_is_dropped() {
     let mut s = session(repetitive(), 8, 1000);
     first_tree(&mut s);
     let plan = guessed(&mut s);
-    s.apply(outcome(0, vec![0, 1], vec![5, 7])).unwrap();
+    apply(&mut s, outcome(0, vec![0, 1], vec![5, 7])).unwrap();
     assert!(!s.has_ready(&plan));
-    assert!(!s.draft(plan).unwrap().tree.drafted_ahead);
+    assert!(!s.draft(plan).unwrap().wire().drafted_ahead);
 
     // The path was not accepted: the guess's context is not the session's.
     let mut s = session(repetitive(), 8, 1000);
     first_tree(&mut s);
     let plan = guessed(&mut s);
-    s.apply(outcome(0, vec![0], vec![1])).unwrap();
+    apply(&mut s, outcome(0, vec![0], vec![1])).unwrap();
     assert!(!s.has_ready(&plan) && s.guess.is_none());
 
     // A guess for another plan is not sent for this one.
     let mut s = session(repetitive(), 8, 1000).with_draft_ahead(true);
     first_tree(&mut s);
     let plan = guessed(&mut s);
-    s.apply(outcome(0, vec![0, 1], vec![5, 1])).unwrap();
+    apply(&mut s, outcome(0, vec![0, 1], vec![5, 1])).unwrap();
     let other = Plan {
         budget: Budget {
             max_nodes: plan.budget.max_nodes + 1,
@@ -78,7 +78,7 @@ fn a_guess_that_held_is_the_next_tree_and_any_other_is_dropped() {
         ..plan
     };
     assert!(!s.has_ready(&other));
-    assert!(!s.draft(other).unwrap().tree.drafted_ahead);
+    assert!(!s.draft(other).unwrap().wire().drafted_ahead);
     assert!(
         s.exposed_drafting() < 1.0,
         "the guess held: less of drafting is seen"
@@ -93,7 +93,7 @@ fn a_tree_the_verifier_did_not_verify_counts_as_rejected() {
     let tree = first_tree(&mut s);
     assert!(!tree.nodes.is_empty());
     // An empty path: the tree came too late and the root was verified alone.
-    s.apply(outcome(0, vec![], vec![5])).unwrap();
+    apply(&mut s, outcome(0, vec![], vec![5])).unwrap();
     assert!(rate(&s) < before, "{} then {}", before, rate(&s));
     assert_eq!(s.output().last(), Some(&5));
 }
@@ -106,7 +106,7 @@ fn outcomes_teach_the_verifiers_forward_and_the_links_round_trip() {
     let mut o = outcome(0, vec![0, 1], vec![5, 1]);
     o.forward_us = 84_000;
     o.tree_wait_us = 6_000;
-    s.apply(o).unwrap();
+    apply(&mut s, o).unwrap();
     let (verify, link) = s.live_times();
     assert!((verify.unwrap() - 0.084).abs() < 1e-9, "{verify:?}");
     // The wait less the (microseconds of) model-free drafting.
@@ -119,6 +119,6 @@ fn outcomes_teach_the_verifiers_forward_and_the_links_round_trip() {
     let mut o = outcome(1, vec![0], vec![9]);
     o.forward_us = 84_000;
     o.tree_wait_us = 90_000;
-    s.apply(o).unwrap();
+    apply(&mut s, o).unwrap();
     assert_eq!(s.live_times().1, link);
 }
