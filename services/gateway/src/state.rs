@@ -262,7 +262,8 @@ impl State {
             }))
     }
 
-    /// Runs an admitted request in its own task (in `span`), delivering
+    /// Runs an admitted request in its own task, in the request's `span`
+    /// (so placement and the verifier call are its children), delivering
     /// its events in order; the last is `Done` or an error. Dropping the
     /// receiver cancels the generation (and so the verifier call) at once.
     pub fn generate_stream(
@@ -273,8 +274,7 @@ impl State {
     ) -> mpsc::Receiver<Result<Event, GatewayError>> {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let state = Arc::clone(self);
-        let run_span = info_span!(parent: &span, "generate");
-        tokio::spawn(async move { state.run(admitted, ctx, tx, span).await }.instrument(run_span));
+        tokio::spawn(async move { state.run(admitted, ctx, tx).await }.instrument(span));
         rx
     }
 
@@ -325,7 +325,6 @@ impl State {
         admitted: Admitted,
         ctx: RequestContext,
         tx: mpsc::Sender<Result<Event, GatewayError>>,
-        request_span: Span,
     ) {
         let Admitted {
             valid,
@@ -347,7 +346,6 @@ impl State {
         let last = match outcome {
             Ok(summary) => {
                 quota.charge(u64::from(summary.usage.completion_tokens));
-                let _entered = request_span.enter();
                 log_finished(
                     &ctx,
                     summary.finish_reason,
@@ -357,7 +355,6 @@ impl State {
                 Ok(Event::Done(summary))
             }
             Err(e) => {
-                let _entered = request_span.enter();
                 self.failed(&e);
                 Err(e)
             }
