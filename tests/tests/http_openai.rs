@@ -129,6 +129,8 @@ async fn the_openai_client_gets_what_the_grpc_api_gives() {
     assert_eq!(error("model")["status"], 404);
     assert_eq!(error("model")["body"]["code"], "model_not_found");
     assert_eq!(error("context")["status"], 400);
+    // The gateway's own refusal names OpenAI's parameter, not the gRPC field.
+    assert_eq!(error("context")["body"]["param"], "max_tokens");
     assert!(
         error("context")["body"]["message"]
             .as_str()
@@ -164,8 +166,21 @@ async fn the_openai_client_gets_what_the_grpc_api_gives() {
 
 /// `POST URL` with a JSON body and an optional bearer key: (status, body).
 fn post(url: &str, body: &str, key: Option<&str>) -> (u16, Value) {
+    let (status, body, _) = post_with_headers(url, body, key);
+    (status, body)
+}
+
+/// [`post`], with the response's headers (lower-cased names).
+fn post_with_headers(
+    url: &str,
+    body: &str,
+    key: Option<&str>,
+) -> (u16, Value, std::collections::HashMap<String, String>) {
+    let headers = tempfile::NamedTempFile::new().unwrap();
     let mut cmd = Command::new("curl");
-    cmd.args(["-s", "-w", "\n%{http_code}", "--max-time", "60", "-H"])
+    cmd.arg("-D")
+        .arg(headers.path())
+        .args(["-s", "-w", "\n%{http_code}", "--max-time", "60", "-H"])
         .arg("content-type: application/json")
         .args(["-d", body, url]);
     if let Some(key) = key {
@@ -174,9 +189,16 @@ fn post(url: &str, body: &str, key: Option<&str>) -> (u16, Value) {
     let out = cmd.output().expect("curl");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').expect("a status line");
+    let headers = std::fs::read_to_string(headers.path())
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
     (
         code.trim().parse().unwrap(),
         serde_json::from_str(body).unwrap(),
+        headers,
     )
 }
 
@@ -201,14 +223,20 @@ fn the_http_front_takes_the_gateways_api_keys() {
         "messages": [{"role": "user", "content": "Hi"}],
     })
     .to_string();
-    let (status, error) = post(&url, &body, None);
+    let (status, error, headers) = post_with_headers(&url, &body, None);
     assert_eq!(status, 401, "{error}");
     assert_eq!(error["error"]["type"], "authentication_error");
+    // A refusal names its request too, for the gateway's logs.
+    assert_eq!(headers["x-request-id"].len(), 36, "{headers:?}");
     let (status, error) = post(&url, &body, Some("sk-not-a-key"));
     assert_eq!(status, 401, "{error}");
-    let (status, ok) = post(&url, &body, Some(&tenant.key));
+    let (status, ok, headers) = post_with_headers(&url, &body, Some(&tenant.key));
     assert_eq!(status, 200, "{ok}");
     assert_eq!(ok["object"], "chat.completion");
+    // The answer names its request as the gRPC API's does; its id is built
+    // from the same id.
+    let request_id = &headers["x-request-id"];
+    assert_eq!(ok["id"], format!("chatcmpl-{request_id}"));
     assert!(ok["usage"]["completion_tokens"].as_u64().unwrap() > 0);
 }
 
