@@ -34,8 +34,9 @@ use crate::{AbortOnDrop, shutdown, telemetry};
 pub trait Service: Sized + 'static {
     /// Its flags, [`ServerArgs`] flattened in.
     type Args: CommandFactory + FromArgMatches + Send;
-    /// Its validated configuration.
-    type Config: Debug + Send;
+    /// Its validated configuration, made from its flags (the error says
+    /// what to fix).
+    type Config: Debug + Send + TryFrom<Self::Args, Error: Into<anyhow::Error>>;
     /// What an embedder may hold while it serves (the drafter's counters;
     /// `()` when nothing).
     type Handle: Send;
@@ -48,9 +49,6 @@ pub trait Service: Sized + 'static {
 
     /// The flags every service shares.
     fn server_args(args: &Self::Args) -> &ServerArgs;
-
-    /// Validates the flags into a config; the error says what to fix.
-    fn config(args: Self::Args) -> anyhow::Result<Self::Config>;
 
     /// Where and how it serves, from its config.
     fn endpoints(config: &Self::Config) -> Endpoints;
@@ -183,7 +181,7 @@ pub fn main<S: Service>() -> ExitCode {
         let telemetry = telemetry::init(&S::CLI.binary());
         let served = async {
             S::server_args(&args).pin()?;
-            let config = S::config(args)?;
+            let config = S::Config::try_from(args).map_err(Into::into)?;
             run::<S>(config, shutdown::signal()).await
         }
         .await;

@@ -51,10 +51,6 @@ impl specmesh_server::Service for Drafter {
         &args.server
     }
 
-    fn config(args: Args) -> anyhow::Result<Config> {
-        Ok(Config::try_from(args)?)
-    }
-
     fn endpoints(config: &Config) -> Endpoints {
         Endpoints {
             listen: config.listen,

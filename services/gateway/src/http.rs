@@ -33,7 +33,6 @@ use specmesh_proto::v1;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::metadata::MetadataMap;
-use tracing::Instrument;
 
 use crate::error::GatewayError;
 use crate::service::{GenerationService, REQUEST_ID_HEADER};
@@ -265,17 +264,9 @@ async fn respond(front: Front, prepared: Result<Prepared, Box<ApiError>>, kind: 
     let state = &front.state;
     let (ctx, span) = state.begin(kind.rpc(), &metadata);
     let request_id = ctx.request_id.clone();
-    let admitted = state
-        .admit(&metadata, request, &ctx)
-        .instrument(span.clone())
-        .await;
-    let admitted = match admitted {
+    let admitted = match state.admit(&metadata, request, &ctx, &span).await {
         Ok(a) => a,
-        Err(e) => {
-            let _entered = span.enter();
-            state.failed(&e);
-            return tagged(kind.error(&e, &request_id).into_response(), &request_id);
-        }
+        Err(e) => return tagged(kind.error(&e, &request_id).into_response(), &request_id),
     };
     let model = front.model.to_string();
     let response = if stream {

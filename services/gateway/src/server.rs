@@ -43,10 +43,6 @@ impl specmesh_server::Service for Gateway {
         &args.server
     }
 
-    fn config(args: Args) -> anyhow::Result<Config> {
-        Ok(Config::try_from(args)?)
-    }
-
     fn endpoints(config: &Config) -> Endpoints {
         Endpoints {
             listen: config.listen,

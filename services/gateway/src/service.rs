@@ -13,7 +13,6 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status};
-use tracing::Instrument;
 
 use crate::auth::Callers;
 use crate::config::{Config, ConfigError};
@@ -79,17 +78,9 @@ impl Generation for GenerationService {
         let (ctx, span) = self.state.begin("Generate", &metadata);
         let admitted = self
             .state
-            .admit(&metadata, request, &ctx)
-            .instrument(span.clone())
-            .await;
-        let admitted = match admitted {
-            Ok(a) => a,
-            Err(e) => {
-                let _entered = span.enter();
-                self.state.failed(&e);
-                return Err(status(&e, &ctx));
-            }
-        };
+            .admit(&metadata, request, &ctx, &span)
+            .await
+            .map_err(|e| status(&e, &ctx))?;
         match self.state.generate(admitted, ctx.clone(), span).await {
             Ok(generated) => {
                 let mut response = Response::new(response(generated, &ctx));
@@ -110,17 +101,9 @@ impl Generation for GenerationService {
         let (ctx, span) = self.state.begin("GenerateStream", &metadata);
         let admitted = self
             .state
-            .admit(&metadata, request, &ctx)
-            .instrument(span.clone())
-            .await;
-        let admitted = match admitted {
-            Ok(a) => a,
-            Err(e) => {
-                let _entered = span.enter();
-                self.state.failed(&e);
-                return Err(status(&e, &ctx));
-            }
-        };
+            .admit(&metadata, request, &ctx, &span)
+            .await
+            .map_err(|e| status(&e, &ctx))?;
         let mut events = self.state.generate_stream(admitted, ctx.clone(), span);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let task_ctx = ctx.clone();

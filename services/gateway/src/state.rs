@@ -220,13 +220,15 @@ impl State {
         (ctx, span)
     }
 
-    /// Lets the request in (see the module docs), within its deadline;
-    /// run inside the request's span. `metadata` carries the caller's key.
+    /// Lets the request in (see the module docs), within its deadline, in
+    /// the request's `span`; a refusal is logged and counted there.
+    /// `metadata` carries the caller's key.
     pub async fn admit(
         &self,
         metadata: &MetadataMap,
         request: GenerateRequest,
         ctx: &RequestContext,
+        span: &Span,
     ) -> Result<Admitted, GatewayError> {
         let admit =
             async {
@@ -255,11 +257,17 @@ impl State {
                     quota,
                 })
             };
-        tokio::time::timeout_at(ctx.deadline.into(), admit)
+        let admitted = tokio::time::timeout_at(ctx.deadline.into(), admit)
+            .instrument(span.clone())
             .await
             .unwrap_or(Err(GatewayError::DeadlineExceeded {
                 timeout: ctx.timeout,
-            }))
+            }));
+        if let Err(e) = &admitted {
+            let _entered = span.enter();
+            self.failed(e);
+        }
+        admitted
     }
 
     /// Runs an admitted request in its own task, in the request's `span`
@@ -309,7 +317,7 @@ impl State {
 
     /// Logs a failed request (server faults as errors, with their detail)
     /// and counts it; the front then renders the error its own way.
-    pub fn failed(&self, err: &GatewayError) {
+    fn failed(&self, err: &GatewayError) {
         self.metrics.failed(err.code());
         if err.is_internal() {
             error!(error = %err, "request failed");

@@ -48,10 +48,6 @@ impl specmesh_server::Service for Verifier {
         &args.server
     }
 
-    fn config(args: Args) -> anyhow::Result<Config> {
-        Ok(Config::try_from(args)?)
-    }
-
     fn endpoints(config: &Config) -> Endpoints {
         Endpoints {
             listen: config.listen,
