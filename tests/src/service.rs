@@ -100,6 +100,29 @@ impl Service {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Sends SIGTERM, as Kubernetes does to a pod it stops.
+    pub fn terminate(&self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit; its status, or
+    /// `None` when it still runs.
+    pub fn wait_exit(&mut self, timeout: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let until = std::time::Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
 }
 
 impl Drop for Service {

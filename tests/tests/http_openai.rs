@@ -273,3 +273,115 @@ fn up_serves_the_openai_front_and_names_the_gateway() {
     );
     assert!(gateway[0].metrics.is_some(), "{:?}", gateway[0]);
 }
+
+/// SIGTERM mid-stream, as a rolling update sends it: the HTTP front's
+/// `/health` answers 503 `draining` at once and a new request OpenAI's 503
+/// `draining` error, the running streams go on through the grace period
+/// (a short one to its end), one that outlives it ends with an error event
+/// the official client raises (never a reset), and the gateway exits 0.
+#[test]
+fn sigterm_mid_stream_drains_the_http_front() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+
+    let model = model_path();
+    let model_arg = model.display().to_string();
+    let model_id = model.file_name().unwrap().to_string_lossy().into_owned();
+    let drafter = Service::start("specmesh-drafter", &[] as &[&str], &[]);
+    let verifier = Service::start(
+        "specmesh-verifier",
+        &[
+            "--model",
+            &model_arg,
+            "--threads",
+            "1",
+            "--cost-curve",
+            COST_CURVE,
+            "--drafters",
+            &drafter.url,
+        ],
+        &[],
+    );
+    let http = free_addr();
+    let mut gateway = Service::start(
+        "specmesh-gateway",
+        &[
+            "--model",
+            &model_arg,
+            "--verifiers",
+            &verifier.url,
+            "--drafters",
+            &drafter.url,
+            "--http-listen",
+            &http,
+            "--shutdown-grace-secs",
+            "3",
+        ],
+        &[],
+    );
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/openai_drain.py");
+    let mut client = Command::new(python())
+        .args([script, &format!("http://{http}"), &model_id])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("running the openai client (scripts/python-env.sh installs it)");
+    let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("the client's first line").unwrap();
+    assert_eq!(first, "streaming");
+
+    gateway.terminate();
+    std::thread::sleep(Duration::from_millis(300));
+    let health = Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}", "--max-time", "5"])
+        .arg(format!("http://{http}/health"))
+        .output()
+        .expect("curl");
+    let health = String::from_utf8_lossy(&health.stdout).into_owned();
+    let (body, code) = health.rsplit_once('\n').unwrap();
+    assert_eq!(code, "503", "{health}");
+    assert_eq!(
+        serde_json::from_str::<Value>(body).unwrap()["status"],
+        "draining"
+    );
+    let request = serde_json::json!({
+        "model": model_id, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Hi"}],
+    })
+    .to_string();
+    let (status, refused) = post(
+        &format!("http://{http}/v1/chat/completions"),
+        &request,
+        None,
+    );
+    assert_eq!(status, 503, "{refused}");
+    assert_eq!(refused["error"]["type"], "server_error");
+    assert_eq!(refused["error"]["code"], "draining");
+
+    client
+        .stdin
+        .as_mut()
+        .unwrap()
+        .write_all(b"signalled\n")
+        .unwrap();
+    let seen: Value = serde_json::from_str(
+        &lines
+            .next()
+            .expect("the client's report")
+            .expect("reading the client"),
+    )
+    .unwrap();
+    assert!(client.wait().unwrap().success());
+    let long = &seen["long"];
+    assert_eq!(long["error"], "APIError", "a reset is not a drain: {seen}");
+    assert_eq!(long["code"], "draining", "{seen}");
+    assert!(
+        long["chars"].as_u64() > long["chars_at_signal"].as_u64(),
+        "the stream went on through the grace period: {seen}"
+    );
+    assert_eq!(seen["short"]["finish_reason"], "length", "{seen}");
+    let exit = gateway
+        .wait_exit(Duration::from_secs(30))
+        .expect("the gateway exits after its grace period");
+    assert!(exit.success(), "{exit:?}");
+}

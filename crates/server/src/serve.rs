@@ -9,11 +9,15 @@
 //! Shutdown, when the `shutdown` future resolves:
 //!
 //! 1. health turns NOT_SERVING (the service and the whole server, ""), so
-//!    load balancers and Kubernetes stop sending;
+//!    load balancers and Kubernetes stop sending, and [`Drain::begin`]
+//!    tells the service's other fronts (the gateway's HTTP API) to refuse
+//!    new work;
 //! 2. the listener closes and connections get an HTTP/2 GOAWAY: no new
-//!    call starts, open ones go on for [`ServeConfig::grace`];
+//!    call starts, open ones (and whatever [`Drain::in_flight`] counts) go
+//!    on for up to [`ServeConfig::grace`];
 //! 3. then [`Drain::close`] tells the service to end what still runs, and
-//!    `serve` returns `Ok` after at most [`ServeConfig::close_timeout`] more.
+//!    `serve` returns `Ok` once the gRPC server and [`Drain::closed`] are
+//!    done, or after [`ServeConfig::close_timeout`] more.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -31,10 +35,18 @@ use crate::tls::Security;
 
 /// What a service does while the server drains.
 pub trait Drain: Send + Sync {
-    /// Calls (sessions, streams, requests) still running, for the logs.
+    /// Calls (sessions, streams, requests) still running: the grace
+    /// period lasts until none is, at most.
     fn in_flight(&self) -> usize;
-    /// The grace period is over: end what still runs.
+    /// Shutdown began: take no new work on fronts the kit does not serve.
+    fn begin(&self) {}
+    /// The grace period is over (or nothing runs any more): end what still
+    /// runs, and stop the service's own fronts.
     fn close(&self) {}
+    /// Resolves when what `close` ended is done (its last answers sent).
+    fn closed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// A service with nothing to end early: its calls are cut when `serve`
@@ -163,24 +175,43 @@ pub async fn serve(
             .set_service_status(service, tonic_health::ServingStatus::NotServing)
             .await;
     }
+    drain.begin();
     let _ = begin_shutdown.send(());
-    if let Ok(served) = tokio::time::timeout(config.grace, &mut server).await {
-        tracing::info!("every call ended: stopped");
-        return served.context("serving gRPC");
-    }
-    tracing::warn!(
-        in_flight = drain.in_flight(),
-        "grace period over: ending the calls still running"
-    );
-    drain.close();
-    match tokio::time::timeout(config.close_timeout, &mut server).await {
-        Ok(served) => served.context("serving gRPC"),
-        Err(_) => {
-            tracing::warn!("connections still open after closing: stopping anyway");
-            Ok(())
+    // The gRPC server ends when its last call does; the drain counts what
+    // other fronts still run.
+    let mut served: Option<Result<(), tonic::transport::Error>> = None;
+    let ended = tokio::time::timeout(config.grace, async {
+        served = Some((&mut server).await);
+        while drain.in_flight() > 0 {
+            tokio::time::sleep(IDLE_POLL).await;
         }
+    })
+    .await;
+    match ended {
+        Ok(()) => tracing::info!("every call ended"),
+        Err(_) => tracing::warn!(
+            in_flight = drain.in_flight(),
+            "grace period over: ending the calls still running"
+        ),
     }
+    drain.close();
+    let closed = tokio::time::timeout(config.close_timeout, async {
+        if served.is_none() {
+            served = Some((&mut server).await);
+        }
+        drain.closed().await;
+    })
+    .await;
+    if closed.is_err() {
+        tracing::warn!("connections still open after closing: stopping anyway");
+        return Ok(());
+    }
+    tracing::info!("stopped");
+    served.unwrap_or(Ok(())).context("serving gRPC")
 }
+
+/// How often the grace period looks whether the drain's calls ended.
+const IDLE_POLL: Duration = Duration::from_millis(50);
 
 /// Serves `health` alone, in plaintext, on `addr` until dropped.
 async fn serve_health(

@@ -51,6 +51,16 @@ pub enum GatewayError {
     /// A verifier's events make no sense (e.g. a token outside the vocabulary).
     #[error("the verifier broke the session protocol: {0}")]
     Protocol(String),
+    /// The gateway is shutting down: new requests go to another replica.
+    #[error("the gateway is shutting down and takes no new requests: retry on another replica")]
+    Draining,
+    /// The gateway shut down before the request finished: its grace
+    /// period for running requests ended.
+    #[error(
+        "the gateway shut down before the request finished (its grace period of {}s ended): retry",
+        grace.as_secs()
+    )]
+    ShutDown { grace: Duration },
     /// The caller went away; nobody reads this.
     #[error("the client cancelled the request")]
     Cancelled,
@@ -67,7 +77,7 @@ impl GatewayError {
                 Code::ResourceExhausted
             }
             Self::DeadlineExceeded { .. } => Code::DeadlineExceeded,
-            Self::NoVerifier { .. } => Code::Unavailable,
+            Self::NoVerifier { .. } | Self::Draining | Self::ShutDown { .. } => Code::Unavailable,
             Self::VerifierRejected { .. } => Code::InvalidArgument,
             Self::Precondition { .. } => Code::FailedPrecondition,
             Self::VerifierFailed { .. } | Self::Protocol(_) => Code::Internal,
@@ -82,6 +92,11 @@ impl GatewayError {
             Self::Invalid(e) => e.field(),
             _ => None,
         }
+    }
+
+    /// Whether the error is the gateway's shutdown.
+    pub fn is_shutdown(&self) -> bool {
+        matches!(self, Self::Draining | Self::ShutDown { .. })
     }
 
     /// Seconds after which a refused request may succeed: the quota's

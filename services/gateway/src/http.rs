@@ -72,12 +72,14 @@ pub fn model_id(model: &std::path::Path) -> String {
 }
 
 /// Binds `addr` and serves `router` in the background (over TLS when
-/// `security` has it) for as long as the returned task runs; prints
-/// `specmesh-gateway http on URL` for launchers.
+/// `security` has it) until `shutdown` resolves, then stops accepting and
+/// returns once its open requests have answered; prints `specmesh-gateway
+/// http on URL` for launchers.
 pub async fn serve(
     addr: std::net::SocketAddr,
     router: Router,
     security: &specmesh_server::Security,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     use anyhow::Context;
     let listener = tokio::net::TcpListener::bind(addr)
@@ -89,10 +91,11 @@ pub async fn serve(
             spawn(
                 listener::TlsListener::new(listener, Arc::clone(tls))?,
                 router,
+                shutdown,
             ),
             "https",
         ),
-        specmesh_server::Security::Plaintext => (spawn(listener, router), "http"),
+        specmesh_server::Security::Plaintext => (spawn(listener, router, shutdown), "http"),
     };
     let url = format!("{scheme}://{bound}");
     tracing::info!(%url, "serving the OpenAI-compatible HTTP API");
@@ -100,20 +103,33 @@ pub async fn serve(
     Ok(task)
 }
 
-fn spawn<L>(listener: L, router: Router) -> tokio::task::JoinHandle<()>
+fn spawn<L>(
+    listener: L,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<()>
 where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
 {
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router).await {
+        if let Err(e) = axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
             tracing::error!(error = %e, "the HTTP listener failed");
         }
     })
 }
 
-async fn health() -> impl IntoResponse {
-    axum::Json(json!({"status": "ok"}))
+/// 200 while serving; 503 `draining` from the moment shutdown begins, so
+/// a load balancer stops sending before the listener closes.
+async fn health(State(front): State<Front>) -> Response {
+    if front.state.is_draining() {
+        let body = axum::Json(json!({"status": "draining"}));
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+    }
+    axum::Json(json!({"status": "ok"})).into_response()
 }
 
 async fn models(State(front): State<Front>) -> impl IntoResponse {

@@ -7,6 +7,8 @@
 //! the listener stops accepting, and running requests get up to the grace
 //! period to finish; whatever still runs then is cut.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -81,18 +83,32 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
     let generation = GenerationServer::new(service.clone())
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
+    // The HTTP front serves while the gRPC API does and drains with it:
+    // it refuses new requests once shutdown begins and stops when the
+    // grace period's running requests have answered.
+    let http = match config.http_listen {
+        Some(addr) => {
+            let router =
+                crate::http::router(service.clone(), &crate::http::model_id(&config.model));
+            let stop = service.state().closed();
+            Some(AbortOnDrop(
+                crate::http::serve(addr, router, security, stop).await?,
+            ))
+        }
+        None => None,
+    };
+    let requests = Requests {
+        service: service.clone(),
+        http: tokio::sync::Mutex::new(http),
+    };
     let mut built = Built::new(
         tonic::service::Routes::new(generation),
         SERVICE_NAME,
-        Box::new(Requests(service.clone())),
+        Box::new(requests),
     );
-    // The HTTP front serves while the gRPC API does, and stops with it.
-    if let Some(addr) = config.http_listen {
-        let router = crate::http::router(service.clone(), &crate::http::model_id(&config.model));
-        built.tasks.push(AbortOnDrop(
-            crate::http::serve(addr, router, security).await?,
-        ));
-    }
+    // Time for the requests ended at the grace period's end to send their
+    // last answer (an error event, a status).
+    built.close_timeout = CLOSE_TIMEOUT;
     built.metrics_label = config.model.display().to_string();
     built.metrics = Box::new(move |registry| {
         service.register_metrics(registry);
@@ -102,11 +118,37 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
     Ok(built)
 }
 
-/// The running requests, as the drain sees them.
-struct Requests(GenerationService);
+/// How long, after the grace period, the requests it ended get to send
+/// their last answer (an error event or status, sent at once) before
+/// serving returns anyway; short, because streams that never end by
+/// themselves (a client's health watch) hold the gRPC server that long.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The running requests of both fronts, as the drain sees them.
+struct Requests {
+    service: GenerationService,
+    /// The HTTP front's server task, when there is one.
+    http: tokio::sync::Mutex<Option<AbortOnDrop>>,
+}
 
 impl Drain for Requests {
     fn in_flight(&self) -> usize {
-        self.0.in_flight()
+        self.service.in_flight()
+    }
+
+    fn begin(&self) {
+        self.service.state().drain();
+    }
+
+    fn close(&self) {
+        self.service.state().close();
+    }
+
+    fn closed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            if let Some(http) = self.http.lock().await.as_mut() {
+                let _ = (&mut http.0).await;
+            }
+        })
     }
 }

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use specmesh_proto::v1::{FinishReason, GenerateRequest, SpeculationStats, Usage};
 use specmesh_server::discovery::SourceError;
 use specmesh_server::{AbortOnDrop, Dialer, Security};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tonic::metadata::MetadataMap;
 use tracing::{Instrument, Span, error, field, info, info_span};
 
@@ -61,6 +63,12 @@ pub struct State {
     quotas: Arc<Quotas>,
     /// Re-resolves `dns:///` entries for as long as the state lives.
     _resolve: Option<AbortOnDrop>,
+    /// Shutting down: no new requests (see [`State::drain`]).
+    draining: AtomicBool,
+    /// Becomes `true` when the grace period is over: running generations
+    /// end with [`GatewayError::ShutDown`].
+    closing: watch::Sender<bool>,
+    grace: Duration,
 }
 
 /// A request let in: valid, within the concurrency limit and its tenant's
@@ -165,6 +173,9 @@ impl State {
             callers,
             quotas: Quotas::new(config.quotas),
             _resolve: resolve,
+            draining: AtomicBool::new(false),
+            closing: watch::channel(false).0,
+            grace: config.shutdown_grace,
         })
     }
 
@@ -182,6 +193,33 @@ impl State {
     /// Requests holding a permit now.
     pub fn in_flight(&self) -> usize {
         self.max_concurrent - self.limiter.available_permits()
+    }
+
+    /// Shutdown began: every front refuses new requests
+    /// ([`GatewayError::Draining`]; the HTTP `/health` answers 503), and
+    /// running ones go on.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether shutdown began.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// The grace period is over: generations still running end with
+    /// [`GatewayError::ShutDown`], a last event their callers read.
+    pub fn close(&self) {
+        self.drain();
+        self.closing.send_replace(true);
+    }
+
+    /// Resolves once [`State::close`] was called.
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut closing = self.closing.subscribe();
+        async move {
+            let _ = closing.wait_for(|c| *c).await;
+        }
     }
 
     /// Names the request, opens its span (continuing the trace its
@@ -232,6 +270,9 @@ impl State {
     ) -> Result<Admitted, GatewayError> {
         let admit =
             async {
+                if self.is_draining() {
+                    return Err(GatewayError::Draining);
+                }
                 let caller = self.callers.authenticate(metadata)?;
                 let permit = self.limiter.clone().try_acquire_owned().map_err(|_| {
                     GatewayError::Overloaded {
@@ -344,11 +385,13 @@ impl State {
             ctx.deadline.into(),
             self.decode.run(&valid, &ctx, &mut sink),
         );
+        let closing = self.closed();
         let outcome = tokio::select! {
             () = tx.closed() => {
                 info!("the client went away; cancelling the generation");
                 return;
             }
+            () = closing => Err(GatewayError::ShutDown { grace: self.grace }),
             outcome = run => outcome.unwrap_or(Err(GatewayError::DeadlineExceeded { timeout: ctx.timeout })),
         };
         let last = match outcome {

@@ -94,6 +94,17 @@ impl ApiError {
             ),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
         };
+        if e.is_shutdown() {
+            // OpenAI's shape for a replica going away: retry elsewhere.
+            return ApiError {
+                code: Some("draining"),
+                ..ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "server_error",
+                    e.public_message(request_id),
+                )
+            };
+        }
         ApiError {
             param: e.field().and_then(|f| super::openai::param(f, chat)),
             retry_after: e.retry_after_secs().map(HeaderValue::from),
@@ -165,5 +176,16 @@ mod tests {
         );
         let e = ApiError::unknown_model("gpt-4", "smollm2-135m");
         assert_eq!((e.status.as_u16(), e.code), (404, Some("model_not_found")));
+        for err in [
+            GatewayError::Draining,
+            GatewayError::ShutDown {
+                grace: std::time::Duration::from_secs(2),
+            },
+        ] {
+            let e = ApiError::from_gateway(&err, "r", true);
+            assert_eq!(e.status.as_u16(), 503);
+            assert_eq!(e.body()["error"]["type"], "server_error");
+            assert_eq!(e.body()["error"]["code"], "draining");
+        }
     }
 }

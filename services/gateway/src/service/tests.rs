@@ -424,6 +424,17 @@ async fn shutdown_cuts_what_outlives_the_grace_period() {
         .into_inner();
     assert_eq!(stream.message().await.unwrap().unwrap().text, "a");
     let started_at = Instant::now();
-    gw.stop().await.unwrap();
+    let stopped = tokio::spawn(gw.stop());
+    // The caller reads why its stream ended, not a reset.
+    let status = stream.message().await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("shut down before the request finished"),
+        "{status:?}"
+    );
+    drop(stream);
+    stopped.await.unwrap().unwrap();
     assert!(started_at.elapsed() < Duration::from_secs(5));
 }
