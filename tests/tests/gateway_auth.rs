@@ -198,3 +198,45 @@ async fn the_key_names_the_tenant() {
     let still = client.generate(with_key(probe(""), Some(&key_b))).await;
     assert!(still.is_ok(), "B's key stays: {still:?}");
 }
+
+/// A caller is authenticated before its message is decoded: a keyless
+/// message over `--max-message-bytes` is UNAUTHENTICATED, not a decoding
+/// error, so an unauthenticated caller cannot make the gateway read up to
+/// the limit; the same message with a valid key reaches decoding and is
+/// refused there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_checked_before_the_message_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = new_key("team-a");
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, format!("{}\n", a.line)).unwrap();
+    let mesh = KeyedMesh::start(&keys, false, &["--max-message-bytes", "4096"]);
+    let mut client = GenerationClient::connect(mesh.gateway.url.clone())
+        .await
+        .unwrap();
+    let big = chat_as(&"lighthouse ".repeat(2000), 8, "");
+    let keyless = client
+        .generate(with_key(big.clone(), None))
+        .await
+        .unwrap_err();
+    assert_eq!(keyless.code(), Code::Unauthenticated, "{keyless:?}");
+    let wrong = client
+        .generate(with_key(big.clone(), Some("sk-not-a-key")))
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.code(), Code::Unauthenticated, "{wrong:?}");
+    let keyed = client
+        .generate(with_key(big, Some(&a.key)))
+        .await
+        .unwrap_err();
+    assert_ne!(keyed.code(), Code::Unauthenticated, "{keyed:?}");
+    assert!(
+        keyed.message().contains("message length too large"),
+        "the keyed message is refused by its size: {keyed:?}"
+    );
+    // Small enough, with the key: served.
+    client
+        .generate(with_key(probe(""), Some(&a.key)))
+        .await
+        .expect("a keyed request within the limit is served");
+}

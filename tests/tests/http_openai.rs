@@ -230,6 +230,30 @@ fn the_http_front_takes_the_gateways_api_keys() {
     assert_eq!(headers["x-request-id"].len(), 36, "{headers:?}");
     let (status, error) = post(&url, &body, Some("sk-not-a-key"));
     assert_eq!(status, 401, "{error}");
+    // The key is checked before the body is read: a keyless body that is
+    // not even JSON is 401, not a parse error.
+    let (status, error) = post(&url, "{not json", None);
+    assert_eq!(status, 401, "{error}");
+    // Listing the model needs a key too.
+    let models = |key: Option<&str>| {
+        let mut cmd = Command::new("curl");
+        cmd.args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "10",
+        ])
+        .arg(format!("http://{http}/v1/models"));
+        if let Some(key) = key {
+            cmd.arg("-H").arg(format!("authorization: Bearer {key}"));
+        }
+        String::from_utf8(cmd.output().expect("curl").stdout).unwrap()
+    };
+    assert_eq!(models(None), "401");
+    assert_eq!(models(Some(&tenant.key)), "200");
     let (status, ok, headers) = post_with_headers(&url, &body, Some(&tenant.key));
     assert_eq!(status, 200, "{ok}");
     assert_eq!(ok["object"], "chat.completion");

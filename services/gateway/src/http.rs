@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -34,6 +34,7 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::metadata::MetadataMap;
 
+use crate::auth::Caller;
 use crate::error::GatewayError;
 use crate::service::{GenerationService, REQUEST_ID_HEADER};
 use crate::state::{self, Event};
@@ -54,13 +55,50 @@ pub fn router(service: GenerationService, model: &str) -> Router {
         state: Arc::clone(service.state()),
         model: Arc::from(model),
     };
-    Router::new()
+    // Every API route authenticates in a layer, before its body is read;
+    // `/health` is for probes and tells nothing a probe may not know.
+    let api = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route_layer(axum::middleware::from_fn_with_state(
+            front.clone(),
+            authenticate,
+        ));
+    Router::new()
+        .merge(api)
         .route("/health", get(health))
         .fallback(|| async { ApiError::not_found("no such endpoint").into_response() })
         .with_state(front)
+}
+
+/// Authenticates the caller from its `Authorization` header before the
+/// handler reads the body: a caller without a valid key costs no parsing.
+/// The handler finds the caller in the request's extensions.
+async fn authenticate(
+    State(front): State<Front>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let mut metadata = MetadataMap::new();
+    if let Some(v) = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+    {
+        metadata.insert("authorization", v);
+    }
+    match front.state.authenticate(&metadata) {
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
+        Err(r) => tagged(
+            ApiError::from_gateway(&r.error, &r.request_id, false).into_response(),
+            &r.request_id,
+        ),
+    }
 }
 
 /// The model id: a catalog name as given, a file or directory by its name.
@@ -205,14 +243,24 @@ fn prepare<T: OpenAiRequest>(
     })
 }
 
-async fn chat(State(front): State<Front>, headers: HeaderMap, body: Bytes) -> Response {
+async fn chat(
+    State(front): State<Front>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let prepared = prepare::<ChatRequest>(&front, &headers, &body);
-    respond(front, prepared, Kind::Chat).await
+    respond(front, &caller, prepared, Kind::Chat).await
 }
 
-async fn completions(State(front): State<Front>, headers: HeaderMap, body: Bytes) -> Response {
+async fn completions(
+    State(front): State<Front>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let prepared = prepare::<CompletionRequest>(&front, &headers, &body);
-    respond(front, prepared, Kind::Completion).await
+    respond(front, &caller, prepared, Kind::Completion).await
 }
 
 #[derive(Clone, Copy)]
@@ -267,7 +315,12 @@ impl Kind {
     }
 }
 
-async fn respond(front: Front, prepared: Result<Prepared, Box<ApiError>>, kind: Kind) -> Response {
+async fn respond(
+    front: Front,
+    caller: &Caller,
+    prepared: Result<Prepared, Box<ApiError>>,
+    kind: Kind,
+) -> Response {
     let Prepared {
         request,
         metadata,
@@ -280,7 +333,7 @@ async fn respond(front: Front, prepared: Result<Prepared, Box<ApiError>>, kind: 
     let state = &front.state;
     let (ctx, span) = state.begin(kind.rpc(), &metadata);
     let request_id = ctx.request_id.clone();
-    let admitted = match state.admit(&metadata, request, &ctx, &span).await {
+    let admitted = match state.admit(caller, request, &ctx, &span).await {
         Ok(a) => a,
         Err(e) => return tagged(kind.error(&e, &request_id).into_response(), &request_id),
     };

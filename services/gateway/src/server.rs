@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::Context;
 use specmesh_proto::v1::generation_server::{GenerationServer, SERVICE_NAME};
 use specmesh_server::{AbortOnDrop, Built, ClientAuth, Drain, Endpoints, Security, ServerArgs};
+use tonic::service::interceptor::InterceptedService;
 use tracing::{info, warn};
 
 use crate::auth::Callers;
@@ -83,6 +84,8 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
     let generation = GenerationServer::new(service.clone())
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
+    // Callers are authenticated before their message is decoded.
+    let generation = InterceptedService::new(generation, service.authenticator());
     // The HTTP front serves while the gRPC API does and drains with it:
     // it refuses new requests once shutdown begins and stops when the
     // grace period's running requests have answered.

@@ -14,7 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status};
 
-use crate::auth::Callers;
+use crate::auth::{Caller, Callers};
 use crate::config::{Config, ConfigError};
 use crate::decode::{RequestContext, Summary};
 use crate::error::GatewayError;
@@ -66,6 +66,49 @@ impl GenerationService {
     pub fn in_flight(&self) -> usize {
         self.state.in_flight()
     }
+
+    /// The layer that authenticates calls before their message is decoded.
+    pub fn authenticator(&self) -> Authenticate {
+        Authenticate(Arc::clone(&self.state))
+    }
+
+    /// The caller [`Authenticate`] found (served without the layer, as
+    /// when embedded: authenticated here).
+    fn caller(
+        &self,
+        extensions: &tonic::Extensions,
+        metadata: &MetadataMap,
+        ctx: &RequestContext,
+    ) -> Result<Caller, Status> {
+        match extensions.get::<Caller>() {
+            Some(caller) => Ok(caller.clone()),
+            None => self
+                .state
+                .authenticate(metadata)
+                .map_err(|r| status(&r.error, ctx)),
+        }
+    }
+}
+
+/// Authenticates a call from its metadata before its message is decoded
+/// (an interceptor runs on the headers alone), so a caller without a valid
+/// key costs no decoding of up to `--max-message-bytes`; the handler finds
+/// the caller in the request's extensions.
+#[derive(Debug, Clone)]
+pub struct Authenticate(Arc<State>);
+
+impl tonic::service::Interceptor for Authenticate {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let caller = self.0.authenticate(request.metadata()).map_err(|r| {
+            let mut status = r.error.to_status(&r.request_id);
+            if let Ok(v) = MetadataValue::try_from(r.request_id.as_str()) {
+                status.metadata_mut().insert(REQUEST_ID_HEADER, v);
+            }
+            status
+        })?;
+        request.extensions_mut().insert(caller);
+        Ok(request)
+    }
 }
 
 #[tonic::async_trait]
@@ -74,11 +117,12 @@ impl Generation for GenerationService {
         &self,
         request: Request<GenerateRequest>,
     ) -> Result<Response<GenerateResponse>, Status> {
-        let (metadata, _, request) = request.into_parts();
+        let (metadata, extensions, request) = request.into_parts();
         let (ctx, span) = self.state.begin("Generate", &metadata);
+        let caller = self.caller(&extensions, &metadata, &ctx)?;
         let admitted = self
             .state
-            .admit(&metadata, request, &ctx, &span)
+            .admit(&caller, request, &ctx, &span)
             .await
             .map_err(|e| status(&e, &ctx))?;
         match self.state.generate(admitted, ctx.clone(), span).await {
@@ -97,11 +141,12 @@ impl Generation for GenerationService {
         &self,
         request: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStreamStream>, Status> {
-        let (metadata, _, request) = request.into_parts();
+        let (metadata, extensions, request) = request.into_parts();
         let (ctx, span) = self.state.begin("GenerateStream", &metadata);
+        let caller = self.caller(&extensions, &metadata, &ctx)?;
         let admitted = self
             .state
-            .admit(&metadata, request, &ctx, &span)
+            .admit(&caller, request, &ctx, &span)
             .await
             .map_err(|e| status(&e, &ctx))?;
         let mut events = self.state.generate_stream(admitted, ctx.clone(), span);

@@ -5,7 +5,8 @@
 //! collected (the shape of text-generation-inference's router). Each front
 //! renders [`Event`]s and [`GatewayError`]s its own way, directly.
 //!
-//! Admission, once: the caller's key, then a concurrency permit (a
+//! Admission, once: the caller's key (checked by each front's layer before
+//! the body is read, [`State::authenticate`]), then a concurrency permit (a
 //! semaphore with no queue: over the limit a request is refused at once),
 //! then validation (which takes the caller, so the tenant is the key's and
 //! nothing is changed after), then the tenant's quota. The permit lives
@@ -25,7 +26,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tonic::metadata::MetadataMap;
 use tracing::{Instrument, Span, error, field, info, info_span};
 
-use crate::auth::Callers;
+use crate::auth::{Caller, Callers};
 use crate::config::{Config, ConfigError, DEFAULT_MAX_NEW_TOKENS};
 use crate::decode::{ClientGone, DecodeLoop, DeltaSink, RequestContext, Summary};
 use crate::error::GatewayError;
@@ -86,6 +87,14 @@ pub struct Admitted {
 pub enum Event {
     Delta(Delta),
     Done(Summary),
+}
+
+/// A caller refused before its request was read, and the id its refusal
+/// was logged under.
+#[derive(Debug)]
+pub struct Refused {
+    pub error: GatewayError,
+    pub request_id: String,
 }
 
 /// A whole generation, as `generate` collects it.
@@ -258,12 +267,26 @@ impl State {
         (ctx, span)
     }
 
-    /// Lets the request in (see the module docs), within its deadline, in
-    /// the request's `span`; a refusal is logged and counted there.
-    /// `metadata` carries the caller's key.
+    /// The caller whose key `metadata` carries. Each front calls it in a
+    /// layer before the request's body is read, so an unauthenticated
+    /// caller costs no decoding. A refusal is logged and counted under a
+    /// new request id, returned with it for the front's answer.
+    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller, Refused> {
+        self.callers.authenticate(metadata).map_err(|e| {
+            let error = GatewayError::from(e);
+            let request_id = new_request_id();
+            let _entered = info_span!("request", request_id = %request_id).entered();
+            self.failed(&error);
+            Refused { error, request_id }
+        })
+    }
+
+    /// Lets the request of the authenticated `caller` in (see the module
+    /// docs), within its deadline, in the request's `span`; a refusal is
+    /// logged and counted there.
     pub async fn admit(
         &self,
-        metadata: &MetadataMap,
+        caller: &Caller,
         request: GenerateRequest,
         ctx: &RequestContext,
         span: &Span,
@@ -273,7 +296,6 @@ impl State {
                 if self.is_draining() {
                     return Err(GatewayError::Draining);
                 }
-                let caller = self.callers.authenticate(metadata)?;
                 let permit = self.limiter.clone().try_acquire_owned().map_err(|_| {
                     GatewayError::Overloaded {
                         limit: self.max_concurrent,
@@ -282,7 +304,7 @@ impl State {
                 let span = info_span!("validate", prompt_tokens = field::Empty);
                 let valid = self
                     .validator
-                    .validate(request, &caller)
+                    .validate(request, caller)
                     .instrument(span.clone())
                     .await?;
                 span.record("prompt_tokens", valid.prompt_tokens.len());
