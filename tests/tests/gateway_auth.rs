@@ -240,3 +240,67 @@ async fn keys_are_checked_before_the_message_is_read() {
         .await
         .expect("a keyed request within the limit is served");
 }
+
+/// Revocation fails closed: a key file that stops loading (here, a line
+/// that does not parse) refuses every key, the valid ones included, says
+/// so, and shows it on `/metrics`, until the file loads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_file_that_does_not_load_refuses_every_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = new_key("team-a");
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, format!("{}\n", a.line)).unwrap();
+    let mesh = KeyedMesh::start(
+        &keys,
+        false,
+        &[
+            "--api-keys-reload-ms",
+            "100",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let metrics_url = mesh
+        .gateway
+        .metrics
+        .clone()
+        .expect("the gateway's /metrics");
+    let loaded = || metric(&metrics_url, "specmesh_gateway_api_key_file_loaded", "");
+    let mut client = GenerationClient::connect(mesh.gateway.url.clone())
+        .await
+        .unwrap();
+    client
+        .generate(with_key(probe(""), Some(&a.key)))
+        .await
+        .expect("served while the file loads");
+    assert_eq!(loaded(), 1.0);
+
+    // A half-written revocation: the line does not parse.
+    std::fs::write(&keys, format!("{}\nsha256:zz team-b\n", a.line)).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        match client.generate(with_key(probe(""), Some(&a.key))).await {
+            Err(status) => break status,
+            Ok(_) => {
+                assert!(Instant::now() < until, "the valid key was never refused");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().contains("key file"), "{refused:?}");
+    assert_eq!(loaded(), 0.0);
+
+    // Fixed: the key is valid again.
+    std::fs::write(&keys, format!("{}\n", a.line)).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while client
+        .generate(with_key(probe(""), Some(&a.key)))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < until, "the fixed file never loaded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(loaded(), 1.0);
+}

@@ -16,8 +16,11 @@
 //!
 //! `specmesh api-key new --tenant team-a` makes a key and its line. The file
 //! is read again every `--api-keys-reload-ms`: keys are added and revoked
-//! without a restart; a file that does not parse keeps the previous keys,
-//! with a warning.
+//! without a restart. A file that stops loading (unreadable, a line that
+//! does not parse) fails closed: every key is refused, with an error in the
+//! log and `specmesh_gateway_api_key_file_loaded` at 0, until the file loads
+//! again — a half-written revocation must not leave the revoked key valid.
+//! `--api-keys-keep-on-error` keeps the last keys instead, with a warning.
 //!
 //! Without `--api-keys` callers are not authenticated and name their own
 //! tenant (local development); the gateway warns at start.
@@ -29,7 +32,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tonic::metadata::MetadataMap;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 pub use keys::{KeyFileError, Keys, hash_key};
 
@@ -42,6 +45,10 @@ pub enum AuthError {
     Malformed,
     #[error("the API key is not valid (unknown or revoked)")]
     Unknown,
+    #[error(
+        "the gateway's API key file does not load: every key is refused until its operator fixes it"
+    )]
+    KeyFileBroken,
     #[error(
         "this API key acts for tenant `{key_tenant}`, not `{requested}`; leave `tenant` empty or name `{key_tenant}`"
     )]
@@ -62,18 +69,22 @@ pub enum Callers {
 impl Callers {
     /// From `--api-keys` (and its reload interval). Call inside the
     /// runtime: the file is watched for changes.
-    pub fn from_file(path: Option<&Path>, reload: Duration) -> Result<Callers, KeyFileError> {
+    pub fn from_file(
+        path: Option<&Path>,
+        reload: Duration,
+        keep_on_error: bool,
+    ) -> Result<Callers, KeyFileError> {
         let Some(path) = path else {
             warn!(
                 "no --api-keys: callers are not authenticated and choose their own tenant (local development only)"
             );
             return Ok(Callers::Open);
         };
-        let ring = KeyRing::load(path.to_path_buf())?;
+        let ring = KeyRing::load(path.to_path_buf(), keep_on_error)?;
         specmesh_server::reload::every(
             &ring,
             reload,
-            "the API key file changed but does not load: keeping the previous keys",
+            "the API key file changed but does not load: keeping the previous keys (--api-keys-keep-on-error)",
             KeyRing::reload,
         );
         Ok(Callers::Keys(ring))
@@ -86,7 +97,7 @@ impl Callers {
             return Ok(Caller(None));
         };
         let key = bearer(metadata)?;
-        let tenant = ring.tenant_of(key).ok_or(AuthError::Unknown)?;
+        let tenant = ring.tenant_of(key)?;
         Ok(Caller(Some(tenant)))
     }
 }
@@ -146,37 +157,84 @@ fn bearer(metadata: &MetadataMap) -> Result<&str, AuthError> {
 pub struct KeyRing {
     path: PathBuf,
     current: RwLock<(Vec<u8>, Keys)>,
+    keep_on_error: bool,
+    /// 1 while the file as last read loaded, 0 while every key is refused
+    /// for it (`specmesh_gateway_api_key_file_loaded`).
+    loaded: prometheus::IntGauge,
 }
 
 impl KeyRing {
-    fn load(path: PathBuf) -> Result<Arc<KeyRing>, KeyFileError> {
+    fn load(path: PathBuf, keep_on_error: bool) -> Result<Arc<KeyRing>, KeyFileError> {
         let bytes = read(&path)?;
         let keys = Keys::parse(&bytes).map_err(|e| e.in_file(&path))?;
         info!(path = %path.display(), keys = keys.len(), tenants = keys.tenants(), "API keys loaded");
+        let loaded = prometheus::IntGauge::new(
+            "specmesh_gateway_api_key_file_loaded",
+            "1 while the API key file as last read loaded; 0 while every key is refused because it does not",
+        )
+        .expect("a valid metric");
+        loaded.set(1);
         Ok(Arc::new(KeyRing {
             path,
             current: RwLock::new((bytes, keys)),
+            keep_on_error,
+            loaded,
         }))
     }
 
-    fn tenant_of(&self, key: &str) -> Option<String> {
+    /// The tenant `key` acts for.
+    fn tenant_of(&self, key: &str) -> Result<String, AuthError> {
+        if self.loaded.get() == 0 {
+            return Err(AuthError::KeyFileBroken);
+        }
         let current = self.current.read().unwrap_or_else(|e| e.into_inner());
-        current.1.tenant_of(key).map(str::to_string)
+        current
+            .1
+            .tenant_of(key)
+            .map(str::to_string)
+            .ok_or(AuthError::Unknown)
     }
 
-    /// Reads the file again; `Ok(true)` when it changed and loaded.
+    /// The gauge of whether the file loaded, for `/metrics`.
+    pub fn loaded_gauge(&self) -> prometheus::IntGauge {
+        self.loaded.clone()
+    }
+
+    /// Reads the file again; `Ok(true)` when it changed. A file that does
+    /// not load refuses every key (see the module docs), or, with
+    /// `--api-keys-keep-on-error`, is an `Err` and the keys stay.
     fn reload(&self) -> Result<bool, KeyFileError> {
-        let bytes = read(&self.path)?;
-        if self.current.read().unwrap_or_else(|e| e.into_inner()).0 == bytes {
-            return Ok(false);
-        }
-        let keys = Keys::parse(&bytes).map_err(|e| e.in_file(&self.path))?;
+        let loaded = read(&self.path).and_then(|bytes| {
+            if self.loaded.get() == 1
+                && self.current.read().unwrap_or_else(|e| e.into_inner()).0 == bytes
+            {
+                return Ok(None);
+            }
+            let keys = Keys::parse(&bytes).map_err(|e| e.in_file(&self.path))?;
+            Ok(Some((bytes, keys)))
+        });
+        let (bytes, keys) = match loaded {
+            Ok(None) => return Ok(false),
+            Ok(Some(new)) => new,
+            Err(e) if self.keep_on_error => return Err(e),
+            Err(e) => {
+                if self.loaded.get() == 1 {
+                    error!(
+                        error = %e,
+                        "the API key file does not load: refusing every key until it does"
+                    );
+                }
+                self.loaded.set(0);
+                return Ok(true);
+            }
+        };
         info!(
             keys = keys.len(),
             tenants = keys.tenants(),
             "API keys reloaded"
         );
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = (bytes, keys);
+        self.loaded.set(1);
         Ok(true)
     }
 }
@@ -211,7 +269,7 @@ mod tests {
             ),
         )
         .unwrap();
-        let callers = Callers::Keys(KeyRing::load(path.clone()).unwrap());
+        let callers = Callers::Keys(KeyRing::load(path.clone(), false).unwrap());
         let tenant = |metadata: &MetadataMap, requested: &str| {
             callers.authenticate(metadata)?.tenant(requested)
         };
@@ -240,7 +298,7 @@ mod tests {
         );
 
         // Revoking key-a and adding key-c takes effect on reload; a broken
-        // file keeps what was loaded.
+        // file refuses every key until it loads again.
         let Callers::Keys(ring) = &callers else {
             unreachable!()
         };
@@ -257,8 +315,34 @@ mod tests {
         assert_eq!(tenant(&a, ""), Err(AuthError::Unknown));
         assert_eq!(tenant(&with_auth("Bearer key-c"), ""), Ok("team-c".into()));
         std::fs::write(&path, "sha256:zz team-d\n").unwrap();
+        assert_eq!(ring.reload(), Ok(true));
+        assert_eq!(ring.loaded_gauge().get(), 0);
+        assert_eq!(
+            tenant(&with_auth("Bearer key-c"), ""),
+            Err(AuthError::KeyFileBroken)
+        );
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(ring.reload(), Ok(true));
+        assert_eq!(
+            tenant(&with_auth("Bearer key-b"), ""),
+            Err(AuthError::KeyFileBroken)
+        );
+        std::fs::write(&path, format!("{} team-b\n", hash_key("key-b"))).unwrap();
+        assert_eq!(ring.reload(), Ok(true));
+        assert_eq!(ring.loaded_gauge().get(), 1);
+        assert_eq!(tenant(&with_auth("Bearer key-b"), ""), Ok("team-b".into()));
+    }
+
+    #[test]
+    fn keep_on_error_keeps_the_last_keys_of_a_broken_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys");
+        std::fs::write(&path, format!("{} team-a\n", hash_key("key-a"))).unwrap();
+        let ring = KeyRing::load(path.clone(), true).unwrap();
+        std::fs::write(&path, "sha256:zz team-d\n").unwrap();
         assert!(ring.reload().is_err());
-        assert_eq!(tenant(&with_auth("Bearer key-c"), ""), Ok("team-c".into()));
+        assert_eq!(ring.loaded_gauge().get(), 1);
+        assert_eq!(ring.tenant_of("key-a"), Ok("team-a".into()));
     }
 
     #[test]

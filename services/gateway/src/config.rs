@@ -132,6 +132,12 @@ pub struct Args {
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..))]
     pub api_keys_reload_ms: u64,
 
+    /// When the API key file stops loading (unreadable, a line that does
+    /// not parse), keep the keys it last loaded. Default: refuse every key
+    /// until the file loads again, so a revocation cannot fail open.
+    #[arg(long)]
+    pub api_keys_keep_on_error: bool,
+
     /// Over TLS: the name verifiers' certificates carry (e.g. the headless
     /// Service `specmesh-verifier`); default: the host of each endpoint.
     #[arg(long)]
@@ -166,6 +172,8 @@ pub struct Config {
     /// The API key file; `None`: callers are not authenticated.
     pub api_keys: Option<PathBuf>,
     pub api_keys_reload: Duration,
+    /// Keep the last keys when the file stops loading (else refuse all).
+    pub api_keys_keep_on_error: bool,
     pub verifier_tls_name: Option<String>,
     pub drafter_tls_name: Option<String>,
     /// Verifier entries, at least one, as given (trimmed).
@@ -270,6 +278,7 @@ impl TryFrom<Args> for Config {
             },
             api_keys: args.api_keys,
             api_keys_reload: Duration::from_millis(args.api_keys_reload_ms),
+            api_keys_keep_on_error: args.api_keys_keep_on_error,
             verifier_tls_name: args.verifier_tls_name,
             drafter_tls_name: args.drafter_tls_name,
             verifiers,
@@ -302,6 +311,7 @@ impl Config {
             quotas: QuotaLimits::default(),
             api_keys: None,
             api_keys_reload: Duration::from_secs(10),
+            api_keys_keep_on_error: false,
             verifier_tls_name: None,
             drafter_tls_name: None,
             verifiers: verifiers.into_iter().map(MemberSource::Static).collect(),

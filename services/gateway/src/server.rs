@@ -73,7 +73,11 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
     for warning in model.tokenizer.warnings() {
         warn!(warning = %warning, "tokenizer");
     }
-    let callers = Callers::from_file(config.api_keys.as_deref(), config.api_keys_reload)?;
+    let callers = Callers::from_file(
+        config.api_keys.as_deref(),
+        config.api_keys_reload,
+        config.api_keys_keep_on_error,
+    )?;
     let service = GenerationService::new(&config, model, security.clone(), callers)?;
     info!(
         max_context = service.limits().max_context,

@@ -192,6 +192,9 @@ impl State {
     pub fn register_metrics(&self, registry: &prometheus::Registry) {
         self.metrics.register(registry);
         specmesh_server::metrics::register(registry, MemberMetrics::new(self.members.clone()));
+        if let Callers::Keys(ring) = &self.callers {
+            specmesh_server::metrics::register(registry, ring.loaded_gauge());
+        }
     }
 
     /// The limits requests are validated against (the effective context).
