@@ -324,6 +324,18 @@ async fn a_client_that_is_not_ours_works_from_reflection_alone() {
         r#"{"prompt": "", "maxNewTokens": 4}"#,
     );
     assert!(!ok && err.starts_with("INVALID_ARGUMENT"), "{err}");
+    // The public port describes the public API alone: the mesh's internal
+    // services are described on their own ports only.
+    let (ok, _, err) = reflect_call(&mesh.gateway, "specmesh.v1.Verifier/Stats", "{}");
+    assert!(!ok, "the gateway described the Verifier service");
+    assert!(err.contains("specmesh.v1.Verifier"), "{err}");
+    let verifier = mesh.of("specmesh-verifier")[0].url.clone();
+    let (ok, out, err) = reflect_call(&verifier, "specmesh.v1.Verifier/Stats", "{}");
+    assert!(ok, "{verifier}: {err}");
+    assert!(
+        serde_json::from_str::<serde_json::Value>(out.trim()).is_ok_and(|v| v.is_object()),
+        "{out}"
+    );
     // Health and reflection on every service, the gateway included.
     let urls: Vec<String> = mesh.services.iter().map(|s| s.url.clone()).collect();
     assert!(urls.contains(&mesh.gateway), "{urls:?}");

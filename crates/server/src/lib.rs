@@ -73,10 +73,14 @@ pub const fn message_bytes(tokens: usize, rest: usize) -> usize {
     tokens.saturating_mul(5).saturating_add(rest)
 }
 
-/// Server reflection in both versions: grpcurl 1.8 speaks only `v1alpha`,
-/// newer clients `v1`. Describes the specmesh and health protos, so no
-/// client needs our proto files.
-pub(crate) fn reflection() -> anyhow::Result<(
+/// Server reflection in both versions (grpcurl 1.8 speaks only `v1alpha`,
+/// newer clients `v1`) for `service` alone: it describes the proto file
+/// that defines it and that file's imports, plus health, so no client needs
+/// our proto files, and a public port (the gateway's) does not describe
+/// the mesh's internal services.
+pub(crate) fn reflection(
+    service: &str,
+) -> anyhow::Result<(
     tonic_reflection::server::v1::ServerReflectionServer<
         impl tonic_reflection::server::v1::ServerReflection,
     >,
@@ -84,10 +88,66 @@ pub(crate) fn reflection() -> anyhow::Result<(
         impl tonic_reflection::server::v1alpha::ServerReflection,
     >,
 )> {
+    let files = files_of(specmesh_proto::FILE_DESCRIPTOR_SET, service)?;
     let builder = || {
         tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(specmesh_proto::FILE_DESCRIPTOR_SET)
+            .register_file_descriptor_set(files.clone())
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     Ok((builder().build_v1()?, builder().build_v1alpha()?))
+}
+
+/// The files of the encoded set `encoded` that `service` (its full name,
+/// `specmesh.v1.Generation`) needs: the one defining it and its imports.
+fn files_of(encoded: &[u8], service: &str) -> anyhow::Result<prost_types::FileDescriptorSet> {
+    use prost::Message;
+    let set = prost_types::FileDescriptorSet::decode(encoded)?;
+    let defines = |f: &prost_types::FileDescriptorProto| {
+        f.service
+            .iter()
+            .any(|s| format!("{}.{}", f.package(), s.name()) == service)
+    };
+    let Some(root) = set.file.iter().find(|f| defines(f)) else {
+        anyhow::bail!("no proto file defines the service {service}");
+    };
+    let mut wanted = vec![root.name().to_string()];
+    let mut i = 0;
+    while i < wanted.len() {
+        if let Some(f) = set.file.iter().find(|f| f.name() == wanted[i]) {
+            for dep in &f.dependency {
+                if !wanted.contains(dep) {
+                    wanted.push(dep.clone());
+                }
+            }
+        }
+        i += 1;
+    }
+    Ok(prost_types::FileDescriptorSet {
+        file: set
+            .file
+            .into_iter()
+            .filter(|f| wanted.iter().any(|w| w == f.name()))
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reflection_describes_a_service_and_its_imports_only() {
+        let names = |service: &str| -> Vec<String> {
+            let set = files_of(specmesh_proto::FILE_DESCRIPTOR_SET, service).unwrap();
+            let mut n: Vec<String> = set.file.iter().map(|f| f.name().to_string()).collect();
+            n.sort();
+            n
+        };
+        assert_eq!(
+            names("specmesh.v1.Generation"),
+            ["specmesh/v1/common.proto", "specmesh/v1/gateway.proto"]
+        );
+        assert!(!names("specmesh.v1.Verifier").contains(&"specmesh/v1/gateway.proto".to_string()));
+        assert!(files_of(specmesh_proto::FILE_DESCRIPTOR_SET, "specmesh.v1.Nope").is_err());
+    }
 }

@@ -132,7 +132,7 @@ pub async fn serve(
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
     let (reflection_v1, reflection_v1alpha) =
-        crate::reflection().context("building the reflection service")?;
+        crate::reflection(config.service).context("building the reflection service")?;
     // Served until `serve` returns, so probes see the drain.
     let _health_only = match config.health_listen {
         Some(addr) => Some(serve_health(addr, health.clone()).await?),
