@@ -17,30 +17,38 @@ use specmesh_e2e::service::Service;
 use specmesh_proto::v1;
 use specmesh_proto::v1::generation_client::GenerationClient;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_openai_client_gets_what_the_grpc_api_gives() {
-    let model = model_path();
-    let model_arg = model.display().to_string();
-    let model_id = model.file_name().unwrap().to_string_lossy().into_owned();
-    let drafter = Service::start("specmesh-drafter", &[] as &[&str], &[]);
-    let verifier = Service::start(
-        "specmesh-verifier",
-        &[
-            "--model",
-            &model_arg,
-            "--threads",
-            "1",
-            "--cost-curve",
-            COST_CURVE,
-            "--drafters",
-            &drafter.url,
-        ],
-        &[],
-    );
-    let http = free_addr();
-    let gateway = Service::start(
-        "specmesh-gateway",
-        &[
+/// A drafter, a verifier and a gateway serving the OpenAI front.
+struct Front {
+    model_id: String,
+    /// The HTTP front's address.
+    http: String,
+    gateway: Service,
+    verifier: Service,
+    _drafter: Service,
+}
+
+impl Front {
+    /// The three services, `gateway_args` added to the gateway's flags.
+    fn start(gateway_args: &[&str]) -> Front {
+        let model = model_path();
+        let model_arg = model.display().to_string();
+        let drafter = Service::start("specmesh-drafter", &[] as &[&str], &[]);
+        let verifier = Service::start(
+            "specmesh-verifier",
+            &[
+                "--model",
+                &model_arg,
+                "--threads",
+                "1",
+                "--cost-curve",
+                COST_CURVE,
+                "--drafters",
+                &drafter.url,
+            ],
+            &[],
+        );
+        let http = free_addr();
+        let mut args = vec![
             "--model",
             &model_arg,
             "--verifiers",
@@ -49,8 +57,27 @@ async fn the_openai_client_gets_what_the_grpc_api_gives() {
             &drafter.url,
             "--http-listen",
             &http,
-        ],
-        &[],
+        ];
+        args.extend_from_slice(gateway_args);
+        let gateway = Service::start("specmesh-gateway", &args, &[]);
+        Front {
+            model_id: model.file_name().unwrap().to_string_lossy().into_owned(),
+            http,
+            gateway,
+            verifier,
+            _drafter: drafter,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_client_gets_what_the_grpc_api_gives() {
+    let front = Front::start(&[]);
+    let (model_id, http, gateway, verifier) = (
+        &front.model_id,
+        &front.http,
+        &front.gateway,
+        &front.verifier,
     );
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/openai_client.py");
     let out = Command::new(python())
@@ -308,41 +335,9 @@ fn sigterm_mid_stream_drains_the_http_front() {
     use std::io::{BufRead, BufReader, Write};
     use std::process::Stdio;
 
-    let model = model_path();
-    let model_arg = model.display().to_string();
-    let model_id = model.file_name().unwrap().to_string_lossy().into_owned();
-    let drafter = Service::start("specmesh-drafter", &[] as &[&str], &[]);
-    let verifier = Service::start(
-        "specmesh-verifier",
-        &[
-            "--model",
-            &model_arg,
-            "--threads",
-            "1",
-            "--cost-curve",
-            COST_CURVE,
-            "--drafters",
-            &drafter.url,
-        ],
-        &[],
-    );
-    let http = free_addr();
-    let mut gateway = Service::start(
-        "specmesh-gateway",
-        &[
-            "--model",
-            &model_arg,
-            "--verifiers",
-            &verifier.url,
-            "--drafters",
-            &drafter.url,
-            "--http-listen",
-            &http,
-            "--shutdown-grace-secs",
-            "3",
-        ],
-        &[],
-    );
+    let mut front = Front::start(&["--shutdown-grace-secs", "3"]);
+    let (model_id, http) = (front.model_id.clone(), front.http.clone());
+    let gateway = &mut front.gateway;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/openai_drain.py");
     let mut client = Command::new(python())
         .args([script, &format!("http://{http}"), &model_id])
