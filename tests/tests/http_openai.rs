@@ -81,7 +81,7 @@ async fn the_openai_client_gets_what_the_grpc_api_gives() {
     );
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/openai_client.py");
     let out = Command::new(python())
-        .args([script, &format!("http://{http}"), &model_id])
+        .args([script, &format!("http://{http}"), model_id])
         .output()
         .expect("running the openai client (scripts/python-env.sh installs it)");
     assert!(
