@@ -198,14 +198,7 @@ fn speculation(value: Option<&Value>) -> Result<Option<v1::SpeculationParams>, B
 /// A random sampler seed for sampled requests that name none: OpenAI's
 /// requests without a seed are not reproducible, ours are by default.
 fn fresh_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
+    rand::random()
 }
 
 impl Common {
