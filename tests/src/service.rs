@@ -44,6 +44,29 @@ impl Service {
         args: &[S],
         env: &[(&str, &str)],
     ) -> Service {
+        Service::spawn(wrapper, name, listen, args, env, Stdio::inherit())
+    }
+
+    /// [`Service::start`] with its stderr (its log) written to `log`.
+    pub fn start_logged<S: AsRef<OsStr>>(
+        name: &str,
+        args: &[S],
+        env: &[(&str, &str)],
+        log: &std::path::Path,
+    ) -> Service {
+        let file = std::fs::File::create(log)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+        Service::spawn(&[], name, "127.0.0.1:0", args, env, Stdio::from(file))
+    }
+
+    fn spawn<S: AsRef<OsStr>>(
+        wrapper: &[&str],
+        name: &str,
+        listen: &str,
+        args: &[S],
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> Service {
         let mut cmd = match wrapper.split_first() {
             Some((program, rest)) => {
                 let mut cmd = Command::new(program);
@@ -61,7 +84,7 @@ impl Service {
             .env("SPECMESH_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(stderr);
         for (k, v) in env {
             cmd.env(k, v);
         }

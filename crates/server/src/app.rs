@@ -178,7 +178,7 @@ pub fn main<S: Service>() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let telemetry = telemetry::init(&S::CLI.binary());
+        let telemetry = telemetry::init(&S::CLI.binary(), S::server_args(&args).log_format);
         let served = async {
             S::server_args(&args).pin()?;
             let config = S::Config::try_from(args).map_err(Into::into)?;

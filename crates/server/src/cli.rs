@@ -63,6 +63,10 @@ pub struct ServerArgs {
     /// that cannot speak TLS (kubelet's gRPC probes); unset: none.
     #[arg(long)]
     pub health_listen: Option<SocketAddr>,
+    /// How log lines are written to stderr: `text`, or `json` (one object
+    /// per line with the request id, tenant and trace id of its request).
+    #[arg(long, value_enum, default_value_t)]
+    pub log_format: crate::telemetry::LogFormat,
     #[command(flatten)]
     pub tls: crate::tls::TlsArgs,
 }

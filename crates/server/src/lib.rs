@@ -18,6 +18,7 @@ pub mod cli;
 pub mod client;
 pub mod discovery;
 pub mod metrics;
+pub mod model_file;
 pub mod reload;
 pub mod serve;
 pub mod shutdown;

@@ -1,11 +1,17 @@
 //! Tracing: `tracing` spans, bridged to OpenTelemetry so every span has a
 //! trace id and the W3C `traceparent` travels in gRPC metadata on every hop.
 //! With `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) set, spans
-//! are exported over OTLP/gRPC.
+//! are exported over OTLP: gRPC or HTTP/protobuf, plaintext or TLS
+//! ([`export`]). Logs go to stderr as text or, with `--log-format json`, as
+//! JSON lines carrying each line's trace id ([`json`]).
+
+mod export;
+mod json;
+
+pub use json::JsonLines;
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{ExporterBuildError, SpanExporter};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -23,10 +29,11 @@ const ENDPOINT_VARS: [&str; 2] = [
 
 /// Crates that run inside the exporter itself: a span of theirs, exported,
 /// would make another export, and so on forever.
-const EXPORTER_CRATES: [&str; 6] = [
+const EXPORTER_CRATES: [&str; 7] = [
     "h2",
     "hyper",
     "hyper_util",
+    "reqwest",
     "tonic",
     "tower",
     "opentelemetry",
@@ -46,18 +53,28 @@ impl Drop for Telemetry {
     }
 }
 
+/// How log lines are written (`--log-format`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines (colours only on a terminal).
+    #[default]
+    Text,
+    /// One JSON object per line with the request's fields and trace id.
+    Json,
+}
+
 /// Where spans go, decided before logging exists and logged after.
 enum Export {
     Off,
-    To(String),
-    Failed(String, ExporterBuildError),
+    To(String, export::Protocol),
+    Failed(String, export::ExportError),
 }
 
-/// Installs logging (stderr, filter from `SPECMESH_LOG`, default `info`) and
-/// the OpenTelemetry bridge for `service` (filter from `SPECMESH_TRACE`,
-/// default `info`). Must run inside a Tokio runtime: the OTLP exporter's
-/// channel lives on it.
-pub fn init(service: &str) -> Telemetry {
+/// Installs logging (stderr in `format`, filter from `SPECMESH_LOG`,
+/// default `info`) and the OpenTelemetry bridge for `service` (filter from
+/// `SPECMESH_TRACE`, default `info`). Must run inside a Tokio runtime: the
+/// OTLP/gRPC exporter's channel lives on it.
+pub fn init(service: &str, format: LogFormat) -> Telemetry {
     let mut builder = SdkTracerProvider::builder().with_resource(
         opentelemetry_sdk::Resource::builder()
             .with_service_name(service.to_string())
@@ -69,27 +86,47 @@ pub fn init(service: &str) -> Telemetry {
         // when its queue is full, so a slow or absent collector never
         // blocks a request. (The simple processor, exporting inline, hung
         // the first handler that ended a span.)
-        Some(endpoint) => match SpanExporter::builder().with_tonic().build() {
-            Ok(exporter) => {
-                builder = builder.with_batch_exporter(exporter);
-                Export::To(endpoint)
+        Some(endpoint) => {
+            match export::protocol().and_then(|p| Ok((p, export::exporter(&endpoint, p)?))) {
+                Ok((protocol, exporter)) => {
+                    builder = builder.with_batch_exporter(exporter);
+                    Export::To(endpoint, protocol)
+                }
+                Err(e) => Export::Failed(endpoint, e),
             }
-            Err(e) => Export::Failed(endpoint, e),
-        },
+        }
     };
     let provider = builder.build();
     let tracer = provider.tracer(service.to_string());
     let log_filter =
         EnvFilter::try_from_env("SPECMESH_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                // Colours only on a terminal: log collectors get plain text.
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .with_target(false)
-                .with_filter(log_filter),
-        )
+    let json_lines = JsonLines::default();
+    let (text, json) = match format {
+        LogFormat::Text => (
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    // Colours only on a terminal: log collectors get plain text.
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                    .with_target(false)
+                    .with_filter(log_filter),
+            ),
+            None,
+        ),
+        LogFormat::Json => (
+            None,
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .event_format(json_lines.clone())
+                    .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+                    .with_writer(std::io::stderr)
+                    .with_filter(log_filter),
+            ),
+        ),
+    };
+    let dispatch: tracing::Dispatch = tracing_subscriber::registry()
+        .with(text)
+        .with(json)
         // A filter of its own: quieter logs must not switch spans off, or
         // no trace context would be left to propagate.
         .with(
@@ -97,14 +134,16 @@ pub fn init(service: &str) -> Telemetry {
                 .with_tracer(tracer)
                 .with_filter(trace_filter()),
         )
-        .try_init();
+        .into();
+    json_lines.attach(&dispatch);
+    let _ = dispatch.try_init();
     match export {
         Export::Off => {}
-        Export::To(endpoint) => {
-            tracing::info!(%endpoint, service, "exporting spans over OTLP/gRPC");
+        Export::To(endpoint, protocol) => {
+            tracing::info!(%endpoint, service, protocol = protocol.name(), "exporting spans");
         }
         Export::Failed(endpoint, error) => {
-            tracing::warn!(%endpoint, %error, "not exporting spans: invalid OTLP exporter settings");
+            tracing::warn!(%endpoint, error = %error, "not exporting spans: invalid OTLP exporter settings");
         }
     }
     Telemetry { provider }

@@ -58,6 +58,12 @@ pub struct Args {
     /// another, drafting through text; unset: model-free drafting only.
     #[arg(long)]
     pub draft_model: Option<PathBuf>,
+    /// The draft model file's SHA-256 (64 hex digits, as `sha256sum`
+    /// prints them): the drafter refuses to start when the file's differs,
+    /// so a volume or image holding another file is caught before it
+    /// drafts. (`--model-sha256` is the same flag.)
+    #[arg(long, alias = "model-sha256")]
+    pub draft_model_sha256: Option<specmesh_catalog::Sha256>,
     /// Self-draft: `--draft-model` is the target itself and only its first
     /// N layers draft.
     #[arg(long)]
@@ -131,6 +137,8 @@ pub struct Config {
 pub struct DraftModelConfig {
     /// The GGUF file.
     pub path: PathBuf,
+    /// Its SHA-256, checked before it loads.
+    pub sha256: Option<specmesh_catalog::Sha256>,
     /// Draft with only the first this many layers (self-draft).
     pub self_draft_layers: Option<usize>,
     /// The target's tokenizer: a draft model of another vocabulary drafts
@@ -186,6 +194,7 @@ impl TryFrom<Args> for Config {
         let draft_model = match a.draft_model {
             Some(path) => Some(DraftModelConfig {
                 path,
+                sha256: a.draft_model_sha256,
                 self_draft_layers: a
                     .self_draft_layers
                     .map(|n| at_least("self-draft-layers", n, 1))
@@ -207,6 +216,7 @@ impl TryFrom<Args> for Config {
                     ("draft-model-threads", a.draft_model_threads.is_some()),
                     ("draft-ahead", a.draft_ahead),
                     ("draft-head-tokens", a.draft_head_tokens > 0),
+                    ("draft-model-sha256", a.draft_model_sha256.is_some()),
                     ("token-ranking", a.token_ranking.is_some()),
                 ];
                 if let Some((flag, _)) = orphan.iter().find(|(_, set)| *set) {

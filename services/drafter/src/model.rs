@@ -62,6 +62,10 @@ pub enum DraftModelError {
          and pass `--token-ranking FILE`"
     )]
     NoRanking { draft: PathBuf },
+    #[error("`--draft-model-sha256`")]
+    Digest {
+        source: specmesh_catalog::digest::DigestError,
+    },
     #[error("`--{flag}`")]
     Resolve {
         flag: &'static str,
@@ -221,6 +225,17 @@ impl DraftModel {
                 .transpose()?,
             ..cfg.clone()
         };
+        if let Some(expected) = &cfg.sha256 {
+            let started = std::time::Instant::now();
+            specmesh_catalog::digest::check_file(&cfg.path, expected)
+                .map_err(|source| DraftModelError::Digest { source })?;
+            tracing::info!(
+                path = %cfg.path.display(),
+                sha256 = %expected,
+                secs = started.elapsed().as_secs_f64(),
+                "draft model file has the expected SHA-256"
+            );
+        }
         let draft_tok = tokenizer(&cfg.path)?;
         let mut bridge = None;
         if let Some(target) = &cfg.target_tokenizer {

@@ -74,6 +74,11 @@ pub struct Args {
     /// `specmesh model fetch`.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// The model file's SHA-256 (64 hex digits, as `sha256sum` prints
+    /// them): the gateway refuses to start when the file's differs, so a
+    /// volume or image holding another file is caught before it serves.
+    #[arg(long)]
+    pub model_sha256: Option<specmesh_catalog::Sha256>,
 
     /// Lower the context the gateway admits (prompt + max_new_tokens) below
     /// the model's own, e.g. to match the verifiers' KV budget.
@@ -183,6 +188,8 @@ pub struct Config {
     /// How often `dns:///` entries are resolved again.
     pub resolve_interval: Duration,
     pub model: PathBuf,
+    /// The model file's SHA-256, checked before it loads.
+    pub model_sha256: Option<specmesh_catalog::Sha256>,
     pub max_context: Option<u32>,
     pub max_new_tokens: u32,
     pub max_draft_tokens: u32,
@@ -279,6 +286,7 @@ impl TryFrom<Args> for Config {
             api_keys: args.api_keys,
             api_keys_reload: Duration::from_millis(args.api_keys_reload_ms),
             api_keys_keep_on_error: args.api_keys_keep_on_error,
+            model_sha256: args.model_sha256,
             verifier_tls_name: args.verifier_tls_name,
             drafter_tls_name: args.drafter_tls_name,
             verifiers,
@@ -318,6 +326,7 @@ impl Config {
             drafters: Vec::new(),
             resolve_interval: Duration::from_secs(5),
             model,
+            model_sha256: None,
             max_context: None,
             max_new_tokens: 4096,
             max_draft_tokens: 64,

@@ -36,6 +36,7 @@ pub struct GatewayMetrics {
     generation_tokens: IntCounter,
     placements: IntCounter,
     migrations: IntCounter,
+    capacity_refusals: IntCounterVec,
 }
 
 fn counter(name: &str, help: &str) -> IntCounter {
@@ -109,6 +110,17 @@ impl GatewayMetrics {
                 "specmesh_migrations_total",
                 "Requests moved to another verifier after losing theirs.",
             ),
+            capacity_refusals: IntCounterVec::new(
+                Opts::new(
+                    "specmesh_capacity_refusals_total",
+                    "Requests refused for want of capacity (RESOURCE_EXHAUSTED that is not a \
+                     tenant's quota): reason gateway_full (--max-concurrent-requests) or \
+                     verifiers_full (every verifier's KV budget taken); what autoscaling adds \
+                     pods on.",
+                ),
+                &["reason"],
+            )
+            .expect("a valid counter"),
         }
     }
 
@@ -124,6 +136,7 @@ impl GatewayMetrics {
         register(registry, self.prompt_tokens.clone());
         register(registry, self.generation_tokens.clone());
         register(registry, self.placements.clone());
+        register(registry, self.capacity_refusals.clone());
         register(registry, self.migrations.clone());
     }
 
@@ -175,6 +188,12 @@ impl GatewayMetrics {
     /// A request that ended with `code`.
     pub fn failed(&self, code: tonic::Code) {
         self.requests.with_label_values(&[code_name(code)]).inc();
+    }
+
+    /// A request refused for want of capacity: `gateway_full` or
+    /// `verifiers_full`.
+    pub fn capacity_refused(&self, reason: &'static str) {
+        self.capacity_refusals.with_label_values(&[reason]).inc();
     }
 
     pub fn placed(&self) {

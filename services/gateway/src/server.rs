@@ -67,6 +67,9 @@ impl specmesh_server::Service for Gateway {
 async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
     // A catalog name becomes its cached file here: parsing flags touches no file.
     let path = specmesh_catalog::resolve(Some(&config.model)).context("`--model`")?;
+    specmesh_server::model_file::check(&path, config.model_sha256)
+        .await
+        .context("`--model-sha256`")?;
     let model = tokio::task::spawn_blocking(move || ModelMeta::load(&path))
         .await
         .context("the model loader task failed")??;

@@ -385,6 +385,13 @@ impl State {
     /// and counts it; the front then renders the error its own way.
     fn failed(&self, err: &GatewayError) {
         self.metrics.failed(err.code());
+        match err {
+            GatewayError::Overloaded { .. } => self.metrics.capacity_refused("gateway_full"),
+            GatewayError::VerifierExhausted { .. } => {
+                self.metrics.capacity_refused("verifiers_full");
+            }
+            _ => {}
+        }
         if err.is_internal() {
             error!(error = %err, "request failed");
         } else {

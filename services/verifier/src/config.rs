@@ -32,6 +32,11 @@ pub struct Args {
     /// file or a Hugging Face model directory.
     #[arg(long)]
     pub model: PathBuf,
+    /// The model file's SHA-256 (64 hex digits, as `sha256sum` prints
+    /// them): the service refuses to start when the file's differs, so a
+    /// volume or image holding another file is caught before it serves.
+    #[arg(long)]
+    pub model_sha256: Option<specmesh_catalog::Sha256>,
     /// Compute threads for the model (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -116,6 +121,8 @@ pub struct Config {
     pub drafters: Vec<MemberSource>,
     pub resolve_interval: Duration,
     pub model: PathBuf,
+    /// The model file's SHA-256, checked before it loads.
+    pub model_sha256: Option<specmesh_catalog::Sha256>,
     pub threads: Option<usize>,
     pub kv_budget_bytes: u64,
     pub max_batch: usize,
@@ -182,6 +189,7 @@ impl TryFrom<Args> for Config {
             drafters,
             resolve_interval: Duration::from_millis(a.resolve_interval_ms),
             model: a.model,
+            model_sha256: a.model_sha256,
             threads: a.threads,
             kv_budget_bytes: a.kv_budget_mib << 20,
             max_batch: a.max_batch,

@@ -69,6 +69,9 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
     // A catalog name becomes its cached file here: parsing flags touches no file.
     let model_name = config.model.display().to_string();
     let model_path = specmesh_catalog::resolve(Some(&config.model)).context("`--model`")?;
+    specmesh_server::model_file::check(&model_path, config.model_sha256)
+        .await
+        .context("`--model-sha256`")?;
     let config = Config {
         model: model_path.clone(),
         ..config

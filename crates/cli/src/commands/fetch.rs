@@ -292,12 +292,7 @@ fn remove_stale_staging(dir: &Path) {
 }
 
 fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = BufReader::new(
-        File::open(path).with_context(|| format!("cannot open {}", path.display()))?,
-    );
-    let mut hasher = Sha256::new();
-    std::io::copy(&mut f, &mut hasher)?;
-    Ok(hex(&hasher.finalize()))
+    Ok(specmesh_catalog::digest::of_file(path)?.to_string())
 }
 
 fn hex(bytes: &[u8]) -> String {

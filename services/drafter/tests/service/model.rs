@@ -15,6 +15,7 @@ use specmesh_testing::model_path;
 fn model_config(layers: Option<usize>) -> DraftModelConfig {
     DraftModelConfig {
         path: model_path(),
+        sha256: None,
         self_draft_layers: layers,
         target_tokenizer: Some(model_path()),
         threads: Some(2),
