@@ -404,3 +404,76 @@ fn sigterm_mid_stream_drains_the_http_front() {
         .expect("the gateway exits after its grace period");
     assert!(exit.success(), "{exit:?}");
 }
+
+/// The HTTP front's layers: a body over `--max-message-bytes` is 413 and
+/// one that stops arriving is 408 after `--http-body-timeout-ms`, both in
+/// OpenAI's error shape and naming their request; a caller's own
+/// `x-request-id` is replaced by the gateway's.
+#[test]
+fn the_http_front_bounds_bodies_in_size_and_time() {
+    use std::io::{Read, Write};
+    let front = Front::start(&[
+        "--max-message-bytes",
+        "65536",
+        "--http-body-timeout-ms",
+        "500",
+    ]);
+    let url = format!("http://{}/v1/chat/completions", front.http);
+    let big = serde_json::json!({
+        "model": front.model_id, "max_tokens": 8,
+        "messages": [{"role": "user", "content": "x".repeat(100_000)}],
+    })
+    .to_string();
+    let (status, error, headers) = post_with_headers(&url, &big, None);
+    assert_eq!(status, 413, "{error}");
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+    assert_eq!(error["error"]["code"], "request_too_large", "{error}");
+    assert_eq!(headers["x-request-id"].len(), 36, "{headers:?}");
+
+    // Headers promise 100 bytes; 10 come, then nothing.
+    let mut conn = std::net::TcpStream::connect(&front.http).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        conn,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: 100\r\nconnection: close\r\n\r\n{{\"model\":"
+    )
+    .unwrap();
+    let started = Instant::now();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    let waited = started.elapsed();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(waited < Duration::from_secs(5), "answered after {waited:?}");
+    let body = answer.split_once("\r\n\r\n").unwrap().1;
+    let error: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(error["error"]["code"], "timeout", "{error}");
+
+    // The gateway names the request, whatever the caller sent.
+    let ok = serde_json::json!({
+        "model": front.model_id, "max_tokens": 2, "temperature": 0,
+        "messages": [{"role": "user", "content": "Hi"}],
+    })
+    .to_string();
+    let out = Command::new("curl")
+        .args(["-s", "-D", "-", "-o", "/dev/null", "--max-time", "60"])
+        .args([
+            "-H",
+            "content-type: application/json",
+            "-H",
+            "x-request-id: mine",
+        ])
+        .args(["-d", &ok, &url])
+        .output()
+        .expect("curl");
+    let head = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+    let id = head
+        .lines()
+        .find_map(|l| l.strip_prefix("x-request-id:"))
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("no x-request-id: {head}"));
+    assert_ne!(id, "mine");
+    assert_eq!(id.len(), 36, "{id}");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+}

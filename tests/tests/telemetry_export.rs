@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use serde_json::Value;
-use specmesh_e2e::cluster::COST_CURVE;
+use specmesh_e2e::cluster::{COST_CURVE, free_addr};
 use specmesh_e2e::mesh::Mesh;
 use specmesh_e2e::model_path;
 use specmesh_e2e::otlp::{GATEWAY, Sink, Span, describe};
@@ -91,6 +91,7 @@ async fn json_log_lines_carry_the_trace_the_collector_received() {
         &env,
         &log("verifier"),
     );
+    let http = free_addr();
     let gateway = Service::start_logged(
         "specmesh-gateway",
         &[
@@ -100,6 +101,8 @@ async fn json_log_lines_carry_the_trace_the_collector_received() {
             &verifier.url,
             "--drafters",
             &drafter.url,
+            "--http-listen",
+            &http,
             "--log-format",
             "json",
         ],
@@ -110,6 +113,18 @@ async fn json_log_lines_carry_the_trace_the_collector_received() {
     let request_id = generate(&gateway.url).await;
     let trace = sink.trace_of(&request_id).await;
     let trace_id = trace_id(&trace);
+    // And one call of the HTTP front, whose answer its layers log.
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-D", "-", "-o", "/dev/null", "--max-time", "10"])
+        .arg(format!("http://{http}/v1/models"))
+        .output()
+        .expect("curl");
+    let head = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+    let http_id = head
+        .lines()
+        .find_map(|l| l.strip_prefix("x-request-id:"))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| panic!("no x-request-id: {head}"));
 
     // Every line of all three logs is a JSON object with a level and a
     // message; the gateway's lines about this request name it and its trace.
@@ -135,6 +150,24 @@ async fn json_log_lines_carry_the_trace_the_collector_received() {
         );
         assert!(line["message"].is_string(), "{line}");
     }
+    // The HTTP front logs each answer in the request's span.
+    let answered = json_lines(&log("gateway"))
+        .into_iter()
+        .find(|l| l["message"] == "answered" && l["request_id"] == http_id.as_str())
+        .unwrap_or_else(|| {
+            panic!(
+                "no access log line for {http_id}:\n{}",
+                std::fs::read_to_string(log("gateway")).unwrap()
+            )
+        });
+    assert_eq!(answered["status"], 200, "{answered}");
+    assert_eq!(answered["path"], "/v1/models", "{answered}");
+    assert_eq!(answered["method"], "GET", "{answered}");
+    assert_eq!(
+        answered["trace_id"].as_str().map(str::len),
+        Some(32),
+        "{answered}"
+    );
     // The drafter's lines about the session (named after the request:
     // started, ended) carry the same trace: the trace context crossed two
     // hops, gateway to verifier to drafter.

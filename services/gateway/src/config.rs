@@ -104,9 +104,16 @@ pub struct Args {
     #[arg(long, default_value_t = 300)]
     pub request_timeout_secs: u64,
 
-    /// Largest gRPC message accepted or sent, in bytes.
+    /// Largest gRPC message accepted or sent, in bytes; also the largest
+    /// request body of the HTTP front.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_message_bytes: usize,
+
+    /// Milliseconds the HTTP front waits for a request's whole body before
+    /// it answers 408 (a client that stops sending holds a connection no
+    /// longer).
+    #[arg(long, default_value_t = 30_000)]
+    pub http_body_timeout_ms: u64,
 
     /// How many times one request may move to another verifier after losing
     /// its verifier mid-generation.
@@ -196,6 +203,8 @@ pub struct Config {
     pub max_concurrent_requests: usize,
     pub request_timeout: Duration,
     pub max_message_bytes: usize,
+    /// The HTTP front's wait for a request body.
+    pub http_body_timeout: Duration,
     pub max_replacements: u32,
     pub connect_timeout: Duration,
     pub placement_wait: Duration,
@@ -258,6 +267,7 @@ impl TryFrom<Args> for Config {
             MAX_SECS * 1000,
         )?;
         at_least("max-message-bytes", args.max_message_bytes as u64, 1024)?;
+        at_least("http-body-timeout-ms", args.http_body_timeout_ms, 1)?;
         at_least("connect-timeout-ms", args.connect_timeout_ms, 1)?;
         at_least("resolve-interval-ms", args.resolve_interval_ms, 100)?;
         at_most(
@@ -299,6 +309,7 @@ impl TryFrom<Args> for Config {
             max_concurrent_requests: args.max_concurrent_requests,
             request_timeout: Duration::from_secs(args.request_timeout_secs),
             max_message_bytes: args.max_message_bytes,
+            http_body_timeout: Duration::from_millis(args.http_body_timeout_ms),
             max_replacements: args.max_replacements,
             connect_timeout: Duration::from_millis(args.connect_timeout_ms),
             placement_wait: Duration::from_millis(args.placement_wait_ms),
@@ -333,6 +344,7 @@ impl Config {
             max_concurrent_requests: 64,
             request_timeout: Duration::from_secs(300),
             max_message_bytes: 4 << 20,
+            http_body_timeout: Duration::from_secs(30),
             max_replacements: 2,
             connect_timeout: Duration::from_secs(2),
             placement_wait: Duration::from_secs(10),

@@ -14,8 +14,11 @@
 //! gRPC caller. Every answer names its request in `x-request-id`.
 
 mod error;
+mod layers;
 mod listener;
 pub mod openai;
+
+pub use layers::Limits;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -23,6 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -49,8 +53,9 @@ struct Front {
     model: Arc<str>,
 }
 
-/// The routes, over `service`, serving the model `model`.
-pub fn router(service: GenerationService, model: &str) -> Router {
+/// The routes, over `service`, serving the model `model`, inside the
+/// front's layers ([`layers`]).
+pub fn router(service: GenerationService, model: &str, limits: Limits) -> Router {
     let front = Front {
         state: Arc::clone(service.state()),
         model: Arc::from(model),
@@ -65,11 +70,20 @@ pub fn router(service: GenerationService, model: &str) -> Router {
             front.clone(),
             authenticate,
         ));
-    Router::new()
+    let routes = Router::new()
         .merge(api)
         .route("/health", get(health))
         .fallback(|| async { ApiError::not_found("no such endpoint").into_response() })
-        .with_state(front)
+        .with_state(front);
+    layers::layered(routes, limits)
+}
+
+/// The id the front's layers gave the request.
+fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map_or_else(crate::state::new_request_id, str::to_owned)
 }
 
 /// Authenticates the caller from its `Authorization` header before the
@@ -89,15 +103,13 @@ async fn authenticate(
     {
         metadata.insert("authorization", v);
     }
-    match front.state.authenticate(&metadata) {
+    let id = request_id(request.headers());
+    match front.state.authenticate(&metadata, Some(&id)) {
         Ok(caller) => {
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
-        Err(r) => tagged(
-            ApiError::from_gateway(&r.error, &r.request_id, false).into_response(),
-            &r.request_id,
-        ),
+        Err(r) => ApiError::from_gateway(&r.error, &r.request_id, false).into_response(),
     }
 }
 
@@ -247,8 +259,12 @@ async fn chat(
     State(front): State<Front>,
     Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(r) => return layers::unread_body(&r),
+    };
     let prepared = prepare::<ChatRequest>(&front, &headers, &body);
     respond(front, &caller, prepared, Kind::Chat).await
 }
@@ -257,8 +273,12 @@ async fn completions(
     State(front): State<Front>,
     Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(r) => return layers::unread_body(&r),
+    };
     let prepared = prepare::<CompletionRequest>(&front, &headers, &body);
     respond(front, &caller, prepared, Kind::Completion).await
 }
@@ -331,14 +351,18 @@ async fn respond(
         Err(e) => return (*e).into_response(),
     };
     let state = &front.state;
-    let (ctx, span) = state.begin(kind.rpc(), &metadata);
+    let id = metadata
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map_or_else(crate::state::new_request_id, str::to_owned);
+    let (ctx, span) = state.begin_http(kind.rpc(), &metadata, id);
     let request_id = ctx.request_id.clone();
     let admitted = match state.admit(caller, request, &ctx, &span).await {
         Ok(a) => a,
-        Err(e) => return tagged(kind.error(&e, &request_id).into_response(), &request_id),
+        Err(e) => return kind.error(&e, &request_id).into_response(),
     };
     let model = front.model.to_string();
-    let response = if stream {
+    if stream {
         let events = state.generate_stream(admitted, ctx, span);
         let events = sse(events, kind, request_id.clone(), model, include_usage);
         Sse::new(events)
@@ -361,16 +385,7 @@ async fn respond(
             }
             Err(e) => kind.error(&e, &request_id).into_response(),
         }
-    };
-    tagged(response, &request_id)
-}
-
-/// `response` naming its request in `x-request-id`, as the gRPC API's.
-fn tagged(mut response: Response, request_id: &str) -> Response {
-    if let Ok(v) = header::HeaderValue::from_str(request_id) {
-        response.headers_mut().insert(REQUEST_ID_HEADER, v);
     }
-    response
 }
 
 /// The events as OpenAI's: a role delta first (chat), a delta per

@@ -98,8 +98,18 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
     // grace period's running requests have answered.
     let http = match config.http_listen {
         Some(addr) => {
-            let router =
-                crate::http::router(service.clone(), &crate::http::model_id(&config.model));
+            let limits = crate::http::Limits {
+                max_body_bytes: config.max_message_bytes,
+                // The gateway answers its own deadline first (504 with the
+                // request's detail); this catches anything that does not.
+                backstop: config.request_timeout + Duration::from_secs(5),
+                body_timeout: config.http_body_timeout,
+            };
+            let router = crate::http::router(
+                service.clone(),
+                &crate::http::model_id(&config.model),
+                limits,
+            );
             let stop = service.state().closed();
             Some(AbortOnDrop(
                 crate::http::serve(addr, router, security, stop).await?,

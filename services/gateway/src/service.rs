@@ -84,7 +84,7 @@ impl GenerationService {
             Some(caller) => Ok(caller.clone()),
             None => self
                 .state
-                .authenticate(metadata)
+                .authenticate(metadata, Some(&ctx.request_id))
                 .map_err(|r| status(&r.error, ctx)),
         }
     }
@@ -99,7 +99,7 @@ pub struct Authenticate(Arc<State>);
 
 impl tonic::service::Interceptor for Authenticate {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        let caller = self.0.authenticate(request.metadata()).map_err(|r| {
+        let caller = self.0.authenticate(request.metadata(), None).map_err(|r| {
             let mut status = r.error.to_status(&r.request_id);
             if let Ok(v) = MetadataValue::try_from(r.request_id.as_str()) {
                 status.metadata_mut().insert(REQUEST_ID_HEADER, v);

@@ -238,8 +238,29 @@ impl State {
     /// `metadata` carries) and fixes its deadline: the caller's
     /// `grpc-timeout` when shorter than the default.
     pub fn begin(&self, rpc: &'static str, metadata: &MetadataMap) -> (RequestContext, Span) {
+        self.open(rpc, metadata, new_request_id(), true)
+    }
+
+    /// [`State::begin`] for the HTTP front: the request id is the one its
+    /// layers gave the request, and the span is a child of the layers'
+    /// `http` span, which continued the caller's trace.
+    pub fn begin_http(
+        &self,
+        rpc: &'static str,
+        metadata: &MetadataMap,
+        request_id: String,
+    ) -> (RequestContext, Span) {
+        self.open(rpc, metadata, request_id, false)
+    }
+
+    fn open(
+        &self,
+        rpc: &'static str,
+        metadata: &MetadataMap,
+        request_id: String,
+        adopt: bool,
+    ) -> (RequestContext, Span) {
         let arrived = Instant::now();
-        let request_id = new_request_id();
         let span = info_span!(
             "request",
             rpc,
@@ -249,7 +270,9 @@ impl State {
             prompt_tokens = field::Empty,
             max_new_tokens = field::Empty,
         );
-        specmesh_server::telemetry::adopt_metadata(&span, metadata);
+        if adopt {
+            specmesh_server::telemetry::adopt_metadata(&span, metadata);
+        }
         let (timeout, early) = match client_timeout(metadata) {
             // tonic's transport answers CANCELLED at the caller's deadline;
             // end a little sooner so the caller reads DEADLINE_EXCEEDED.
@@ -274,10 +297,14 @@ impl State {
     /// layer before the request's body is read, so an unauthenticated
     /// caller costs no decoding. A refusal is logged and counted under a
     /// new request id, returned with it for the front's answer.
-    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller, Refused> {
+    pub fn authenticate(
+        &self,
+        metadata: &MetadataMap,
+        request_id: Option<&str>,
+    ) -> Result<Caller, Refused> {
         self.callers.authenticate(metadata).map_err(|e| {
             let error = GatewayError::from(e);
-            let request_id = new_request_id();
+            let request_id = request_id.map_or_else(new_request_id, str::to_owned);
             let _entered = info_span!("request", request_id = %request_id).entered();
             self.failed(&error);
             Refused { error, request_id }
@@ -484,19 +511,8 @@ fn log_finished(ctx: &RequestContext, reason: FinishReason, usage: Usage, spec: 
 }
 
 /// A random UUID (version 4) naming a request.
-fn new_request_id() -> String {
-    let mut x: u128 = rand::random();
-    x = (x & !(0xf << 76)) | (0x4 << 76);
-    x = (x & !(0x3 << 62)) | (0x2 << 62);
-    let h = format!("{x:032x}");
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
+pub fn new_request_id() -> String {
+    uuid::Uuid::new_v4().to_string()
 }
 
 /// The caller's `grpc-timeout` (gRPC over HTTP/2: up to 8 digits and a unit

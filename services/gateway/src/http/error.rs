@@ -56,6 +56,51 @@ impl ApiError {
         }
     }
 
+    /// The gateway failed (a bug, logged).
+    pub fn internal(message: &str) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    /// An error a tower layer of the HTTP front answered (`said`: its
+    /// plain-text body, maybe empty), as OpenAI's.
+    pub fn from_layer(status: StatusCode, said: &str) -> ApiError {
+        let (kind, code, message) = match status {
+            StatusCode::PAYLOAD_TOO_LARGE => (
+                "invalid_request_error",
+                Some("request_too_large"),
+                "the request body is larger than the gateway accepts (`--max-message-bytes`)"
+                    .to_string(),
+            ),
+            StatusCode::REQUEST_TIMEOUT => (
+                "invalid_request_error",
+                Some("timeout"),
+                "the request body did not arrive in time (`--http-body-timeout-ms`)".to_string(),
+            ),
+            StatusCode::GATEWAY_TIMEOUT => (
+                "server_error",
+                Some("timeout"),
+                "the request took longer than the gateway's request timeout".to_string(),
+            ),
+            s => {
+                let kind = if s.is_server_error() {
+                    "server_error"
+                } else {
+                    "invalid_request_error"
+                };
+                let message = if said.is_empty() {
+                    s.canonical_reason().unwrap_or("error").to_string()
+                } else {
+                    said.to_string()
+                };
+                (kind, None, message)
+            }
+        };
+        ApiError {
+            code,
+            ..ApiError::new(status, kind, message)
+        }
+    }
+
     /// The JSON body.
     pub fn body(&self) -> Value {
         json!({"error": {
