@@ -34,7 +34,7 @@ use std::time::Duration;
 use tonic::metadata::MetadataMap;
 use tracing::{error, info, warn};
 
-pub use keys::{KeyFileError, Keys, hash_key};
+pub use keys::{KeyFileError, Keys, TenantLimits, hash_key};
 
 /// Why a caller was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -94,11 +94,14 @@ impl Callers {
     /// request is admitted or even read.
     pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller, AuthError> {
         let Callers::Keys(ring) = self else {
-            return Ok(Caller(None));
+            return Ok(Caller::keyless());
         };
         let key = bearer(metadata)?;
-        let tenant = ring.tenant_of(key)?;
-        Ok(Caller(Some(tenant)))
+        let (tenant, limits) = ring.tenant_of(key)?;
+        Ok(Caller {
+            tenant: Some(tenant),
+            limits,
+        })
     }
 }
 
@@ -114,22 +117,33 @@ impl AuthError {
 }
 
 /// An authenticated caller: the tenant its key acts for (`None`: no keys
-/// configured).
+/// configured) and the limits the key file gives that tenant.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller(Option<String>);
+pub struct Caller {
+    tenant: Option<String>,
+    limits: TenantLimits,
+}
 
 impl Caller {
     /// A caller where no keys are configured: any tenant the request
-    /// names.
+    /// names, with the gateway's limits.
     pub fn keyless() -> Caller {
-        Caller(None)
+        Caller {
+            tenant: None,
+            limits: TenantLimits::default(),
+        }
+    }
+
+    /// Its tenant's own limits (unset: the gateway's).
+    pub fn limits(&self) -> TenantLimits {
+        self.limits
     }
 
     /// The tenant the call runs as: the key's, else the one the request
     /// names. `requested` is the request's validated `tenant` (empty: none
     /// named).
     pub fn tenant(&self, requested: &str) -> Result<String, AuthError> {
-        match &self.0 {
+        match &self.tenant {
             None => Ok(requested.to_string()),
             Some(tenant) if requested.is_empty() || requested == tenant => Ok(tenant.clone()),
             Some(tenant) => Err(AuthError::OtherTenant {
@@ -182,17 +196,15 @@ impl KeyRing {
         }))
     }
 
-    /// The tenant `key` acts for.
-    fn tenant_of(&self, key: &str) -> Result<String, AuthError> {
+    /// The tenant `key` acts for, and its limits.
+    fn tenant_of(&self, key: &str) -> Result<(String, TenantLimits), AuthError> {
         if self.loaded.get() == 0 {
             return Err(AuthError::KeyFileBroken);
         }
         let current = self.current.read().unwrap_or_else(|e| e.into_inner());
-        current
-            .1
-            .tenant_of(key)
-            .map(str::to_string)
-            .ok_or(AuthError::Unknown)
+        let keys = &current.1;
+        let tenant = keys.tenant_of(key).ok_or(AuthError::Unknown)?;
+        Ok((tenant.to_string(), keys.limits_of(tenant)))
     }
 
     /// The gauge of whether the file loaded, for `/metrics`.
@@ -342,7 +354,7 @@ mod tests {
         std::fs::write(&path, "sha256:zz team-d\n").unwrap();
         assert!(ring.reload().is_err());
         assert_eq!(ring.loaded_gauge().get(), 1);
-        assert_eq!(ring.tenant_of("key-a"), Ok("team-a".into()));
+        assert_eq!(ring.tenant_of("key-a").map(|(t, _)| t), Ok("team-a".into()));
     }
 
     #[test]

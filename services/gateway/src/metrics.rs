@@ -37,6 +37,8 @@ pub struct GatewayMetrics {
     placements: IntCounter,
     migrations: IntCounter,
     capacity_refusals: IntCounterVec,
+    tenant_tokens: IntCounterVec,
+    quota_rejections: IntCounterVec,
 }
 
 fn counter(name: &str, help: &str) -> IntCounter {
@@ -121,6 +123,23 @@ impl GatewayMetrics {
                 &["reason"],
             )
             .expect("a valid counter"),
+            tenant_tokens: IntCounterVec::new(
+                Opts::new(
+                    "specmesh_tenant_tokens_total",
+                    "Tokens a tenant used: prompt tokens when admitted, generated ones when done \
+                     (what --tenant-tokens-per-minute and a key's tpm= count).",
+                ),
+                &["tenant"],
+            )
+            .expect("a valid counter"),
+            quota_rejections: IntCounterVec::new(
+                Opts::new(
+                    "specmesh_quota_rejections_total",
+                    "Requests refused for a tenant's quota, by the limit hit (concurrent, tokens).",
+                ),
+                &["tenant", "reason"],
+            )
+            .expect("a valid counter"),
         }
     }
 
@@ -137,6 +156,8 @@ impl GatewayMetrics {
         register(registry, self.generation_tokens.clone());
         register(registry, self.placements.clone());
         register(registry, self.capacity_refusals.clone());
+        register(registry, self.tenant_tokens.clone());
+        register(registry, self.quota_rejections.clone());
         register(registry, self.migrations.clone());
     }
 
@@ -194,6 +215,20 @@ impl GatewayMetrics {
     /// `verifiers_full`.
     pub fn capacity_refused(&self, reason: &'static str) {
         self.capacity_refusals.with_label_values(&[reason]).inc();
+    }
+
+    /// `tokens` used by `tenant`.
+    pub fn tenant_tokens(&self, tenant: &str, tokens: u64) {
+        self.tenant_tokens
+            .with_label_values(&[tenant])
+            .inc_by(tokens);
+    }
+
+    /// A request of `tenant` refused for its quota's `reason`.
+    pub fn quota_refused(&self, tenant: &str, reason: &'static str) {
+        self.quota_rejections
+            .with_label_values(&[tenant, reason])
+            .inc();
     }
 
     pub fn placed(&self) {

@@ -1,4 +1,6 @@
-//! Per-tenant quotas: requests running at once, and tokens per minute.
+//! Per-tenant quotas: requests running at once, and tokens per minute,
+//! the gateway's (`--tenant-max-concurrent`, `--tenant-tokens-per-minute`)
+//! unless the key file gives a tenant its own (`concurrent=8 tpm=200000`).
 //!
 //! A tenant over either is refused with RESOURCE_EXHAUSTED and a
 //! `retry-after` (seconds) in the trailers; other tenants are not touched,
@@ -18,6 +20,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+pub use crate::auth::TenantLimits;
 
 /// The limits, per tenant; `None`: unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -40,6 +44,14 @@ pub enum QuotaError {
 }
 
 impl QuotaError {
+    /// The limit it hit, as `specmesh_quota_rejections_total` labels it.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            QuotaError::Concurrent { .. } => "concurrent",
+            QuotaError::Tokens { .. } => "tokens",
+        }
+    }
+
     /// When the caller may try again, as `retry-after` says it (whole
     /// seconds, at least 1).
     pub fn retry_after_secs(&self) -> u64 {
@@ -61,6 +73,9 @@ pub struct Quotas {
 
 #[derive(Debug)]
 struct Use {
+    /// Tokens per minute this tenant refills at (its latest request's
+    /// limit).
+    per_minute: Option<u64>,
     running: usize,
     /// Tokens left, as of `at`; negative: owed.
     balance: f64,
@@ -83,22 +98,29 @@ impl Quotas {
         })
     }
 
-    /// Admits a request of `tenant` with `prompt_tokens` at `now`, or says
-    /// why not.
+    /// Admits a request of `tenant` (with its own limits `own`, unset
+    /// ones the gateway's) with `prompt_tokens` at `now`, or says why not.
     pub fn admit(
         self: &Arc<Quotas>,
         tenant: &str,
+        own: TenantLimits,
         prompt_tokens: u64,
         now: Instant,
     ) -> Result<QuotaPermit, QuotaError> {
+        let limits = QuotaLimits {
+            max_concurrent: own.concurrent.or(self.limits.max_concurrent),
+            tokens_per_minute: own.tokens_per_minute.or(self.limits.tokens_per_minute),
+        };
         let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
-        let full = self.capacity();
+        let full = limits.tokens_per_minute.map_or(0.0, |t| t as f64);
         let entry = tenants.entry(tenant.to_string()).or_insert(Use {
+            per_minute: limits.tokens_per_minute,
             running: 0,
             balance: full,
             at: now,
         });
-        if let Some(limit) = self.limits.max_concurrent
+        entry.per_minute = limits.tokens_per_minute;
+        if let Some(limit) = limits.max_concurrent
             && entry.running >= limit
         {
             return Err(QuotaError::Concurrent {
@@ -106,7 +128,7 @@ impl Quotas {
                 limit,
             });
         }
-        if let Some(per_minute) = self.limits.tokens_per_minute {
+        if let Some(per_minute) = limits.tokens_per_minute {
             refill(entry, per_minute, now);
             if entry.balance <= 0.0 {
                 // Until the refill brings the balance above zero.
@@ -126,11 +148,6 @@ impl Quotas {
         })
     }
 
-    /// One minute of tokens: the most a tenant can bank.
-    fn capacity(&self) -> f64 {
-        self.limits.tokens_per_minute.map_or(0.0, |t| t as f64)
-    }
-
     /// Tenants with state kept (running, or owing / refilling).
     #[cfg(test)]
     fn tenants(&self) -> usize {
@@ -145,17 +162,21 @@ fn refill(entry: &mut Use, per_minute: u64, now: Instant) {
 }
 
 impl QuotaPermit {
+    /// The tenant it holds for.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
     /// Bills `tokens` generated tokens to the tenant.
     pub fn charge(&self, tokens: u64) {
-        if self.quotas.limits.tokens_per_minute.is_none() {
-            return;
-        }
         let mut tenants = self
             .quotas
             .tenants
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if let Some(entry) = tenants.get_mut(&self.tenant) {
+        if let Some(entry) = tenants.get_mut(&self.tenant)
+            && entry.per_minute.is_some()
+        {
             entry.balance -= tokens as f64;
         }
     }
@@ -168,9 +189,9 @@ impl Drop for QuotaPermit {
             .tenants
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let per_minute = self.quotas.limits.tokens_per_minute;
         let now = Instant::now();
         if let Some(entry) = tenants.get_mut(&self.tenant) {
+            let per_minute = entry.per_minute;
             entry.running = entry.running.saturating_sub(1);
             // A tenant with nothing running and a full bucket holds no
             // state: the map does not grow with every tenant ever seen.
@@ -192,6 +213,53 @@ impl Drop for QuotaPermit {
 mod tests {
     use super::*;
 
+    /// No limits of the tenant's own: the gateway's.
+    const D: TenantLimits = TenantLimits {
+        concurrent: None,
+        tokens_per_minute: None,
+    };
+
+    #[test]
+    fn a_tenants_own_limits_win_over_the_gateways() {
+        let q = Quotas::new(QuotaLimits {
+            max_concurrent: Some(1),
+            tokens_per_minute: Some(100),
+        });
+        let now = Instant::now();
+        let own = TenantLimits {
+            concurrent: Some(3),
+            tokens_per_minute: Some(10_000),
+        };
+        let held: Vec<_> = (0..3)
+            .map(|_| q.admit("big", own, 500, now).unwrap())
+            .collect();
+        assert!(matches!(
+            q.admit("big", own, 1, now),
+            Err(QuotaError::Concurrent { limit: 3, .. })
+        ));
+        // Its bucket is its own size: 1500 of 10000 used.
+        drop(held);
+        assert!(q.admit("big", own, 8000, now).is_ok());
+        // Another tenant gets the gateway's.
+        let _one = q.admit("small", D, 1, now).unwrap();
+        assert!(matches!(
+            q.admit("small", D, 1, now),
+            Err(QuotaError::Concurrent { limit: 1, .. })
+        ));
+        // A tenant with only a concurrency of its own keeps the gateway's
+        // tokens per minute.
+        let half = TenantLimits {
+            concurrent: Some(5),
+            tokens_per_minute: None,
+        };
+        let p = q.admit("mid", half, 150, now).unwrap();
+        drop(p);
+        assert!(matches!(
+            q.admit("mid", half, 1, now),
+            Err(QuotaError::Tokens { limit: 100, .. })
+        ));
+    }
+
     #[test]
     fn concurrency_is_per_tenant() {
         let q = Quotas::new(QuotaLimits {
@@ -199,9 +267,9 @@ mod tests {
             tokens_per_minute: None,
         });
         let now = Instant::now();
-        let a1 = q.admit("a", 10, now).unwrap();
-        let _a2 = q.admit("a", 10, now).unwrap();
-        let refused = q.admit("a", 10, now).unwrap_err();
+        let a1 = q.admit("a", D, 10, now).unwrap();
+        let _a2 = q.admit("a", D, 10, now).unwrap();
+        let refused = q.admit("a", D, 10, now).unwrap_err();
         assert_eq!(
             refused,
             QuotaError::Concurrent {
@@ -211,10 +279,10 @@ mod tests {
         );
         assert_eq!(refused.retry_after_secs(), 1);
         let _b = q
-            .admit("b", 10, now)
+            .admit("b", D, 10, now)
             .expect("another tenant is not touched");
         drop(a1);
-        let _a3 = q.admit("a", 10, now).expect("a slot freed");
+        let _a3 = q.admit("a", D, 10, now).expect("a slot freed");
     }
 
     #[test]
@@ -226,9 +294,9 @@ mod tests {
         let t0 = Instant::now();
         // A long generation runs the balance into debt: 100 + 900 = 1000
         // of 600, so 400 owed.
-        let p = q.admit("a", 100, t0).unwrap();
+        let p = q.admit("a", D, 100, t0).unwrap();
         p.charge(900);
-        let refused = q.admit("a", 1, t0).unwrap_err();
+        let refused = q.admit("a", D, 1, t0).unwrap_err();
         let QuotaError::Tokens { retry_after, .. } = &refused else {
             panic!("{refused:?}")
         };
@@ -239,11 +307,11 @@ mod tests {
         );
         assert_eq!(refused.retry_after_secs(), 41);
         assert!(
-            q.admit("b", 100, t0).is_ok(),
+            q.admit("b", D, 100, t0).is_ok(),
             "another tenant has its own bucket"
         );
-        assert!(q.admit("a", 1, t0 + Duration::from_secs(40)).is_err());
-        assert!(q.admit("a", 1, t0 + Duration::from_secs(41)).is_ok());
+        assert!(q.admit("a", D, 1, t0 + Duration::from_secs(40)).is_err());
+        assert!(q.admit("a", D, 1, t0 + Duration::from_secs(41)).is_ok());
     }
 
     #[test]
@@ -252,11 +320,11 @@ mod tests {
             max_concurrent: Some(4),
             tokens_per_minute: Some(1_000_000),
         });
-        let p = q.admit("a", 0, Instant::now()).unwrap();
+        let p = q.admit("a", D, 0, Instant::now()).unwrap();
         assert_eq!(q.tenants(), 1);
         drop(p);
         assert_eq!(q.tenants(), 0);
-        let owing = q.admit("b", 0, Instant::now()).unwrap();
+        let owing = q.admit("b", D, 0, Instant::now()).unwrap();
         owing.charge(500_000);
         drop(owing);
         assert_eq!(q.tenants(), 1, "a tenant that owes is remembered");

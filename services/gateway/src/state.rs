@@ -339,11 +339,17 @@ impl State {
                     .await?;
                 span.record("prompt_tokens", valid.prompt_tokens.len());
                 record(&Span::current(), &valid);
-                let quota = self.quotas.admit(
-                    &valid.tenant,
-                    valid.prompt_tokens.len() as u64,
-                    Instant::now(),
-                )?;
+                let quota = self
+                    .quotas
+                    .admit(
+                        &valid.tenant,
+                        caller.limits(),
+                        valid.prompt_tokens.len() as u64,
+                        Instant::now(),
+                    )
+                    .inspect_err(|e| self.metrics.quota_refused(&valid.tenant, e.reason()))?;
+                self.metrics
+                    .tenant_tokens(&valid.tenant, valid.prompt_tokens.len() as u64);
                 Ok(Admitted {
                     valid,
                     _permit: permit,
@@ -456,6 +462,8 @@ impl State {
         let last = match outcome {
             Ok(summary) => {
                 quota.charge(u64::from(summary.usage.completion_tokens));
+                self.metrics
+                    .tenant_tokens(quota.tenant(), u64::from(summary.usage.completion_tokens));
                 log_finished(
                     &ctx,
                     summary.finish_reason,

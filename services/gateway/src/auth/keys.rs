@@ -32,10 +32,58 @@ impl KeyFileError {
     }
 }
 
-/// The keys' hashes and their tenants.
+/// The keys' hashes and their tenants, and the tenants' own limits.
 #[derive(Debug, Clone, Default)]
 pub struct Keys {
     by_hash: HashMap<[u8; 32], String>,
+    limits: HashMap<String, TenantLimits>,
+}
+
+/// A tenant's own limits, from the optional `key=value` fields of its key
+/// lines (`concurrent=8 tpm=200000`); an unset one is the gateway's
+/// `--tenant-max-concurrent` / `--tenant-tokens-per-minute`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantLimits {
+    /// Requests running at once.
+    pub concurrent: Option<usize>,
+    /// Tokens (prompt and generated) per minute.
+    pub tokens_per_minute: Option<u64>,
+}
+
+/// The fields a key line may carry after its tenant.
+const LIMIT_FIELDS: &str = "concurrent, tpm";
+
+impl TenantLimits {
+    /// Parses `key=value` fields; refuses unknown ones by name.
+    fn parse<'a>(fields: impl Iterator<Item = &'a str>) -> Result<TenantLimits, String> {
+        let mut limits = TenantLimits::default();
+        for field in fields {
+            let Some((key, value)) = field.split_once('=') else {
+                return Err(format!(
+                    "`{field}` is not a `key=value` limit (known: {LIMIT_FIELDS})"
+                ));
+            };
+            let number = || -> Result<u64, String> {
+                match value.parse::<u64>() {
+                    Ok(n) if n > 0 => Ok(n),
+                    _ => Err(format!(
+                        "`{key}` must be a whole number above 0, got `{value}`"
+                    )),
+                }
+            };
+            let slot_taken = match key {
+                "concurrent" => limits.concurrent.replace(number()? as usize).is_some(),
+                "tpm" => limits.tokens_per_minute.replace(number()?).is_some(),
+                other => {
+                    return Err(format!("unknown field `{other}` (known: {LIMIT_FIELDS})"));
+                }
+            };
+            if slot_taken {
+                return Err(format!("`{key}` is given twice"));
+            }
+        }
+        Ok(limits)
+    }
 }
 
 /// Longest tenant name, as the request's `tenant` field allows.
@@ -47,9 +95,11 @@ pub fn hash_key(key: &str) -> String {
 }
 
 impl Keys {
-    /// Parses `sha256:HEX TENANT` lines; `#` starts a comment, blank lines
-    /// are skipped. A hash listed twice is an error (which tenant would it
-    /// be?); one tenant may have many keys (rotation).
+    /// Parses `sha256:HEX TENANT [concurrent=N] [tpm=N]` lines; `#` starts
+    /// a comment, blank lines are skipped. A hash listed twice is an error
+    /// (which tenant would it be?); one tenant may have many keys
+    /// (rotation), and its limits may be on any of its lines, but the same
+    /// wherever given.
     pub fn parse(text: &[u8]) -> Result<Keys, KeyFileError> {
         let text = std::str::from_utf8(text).map_err(|e| KeyFileError::Line {
             path: None,
@@ -60,6 +110,7 @@ impl Keys {
             reason: "not UTF-8".into(),
         })?;
         let mut by_hash = HashMap::new();
+        let mut limits: HashMap<String, (TenantLimits, usize)> = HashMap::new();
         for (i, raw) in text.lines().enumerate() {
             let bad = |reason: String| KeyFileError::Line {
                 path: None,
@@ -71,17 +122,40 @@ impl Keys {
                 continue;
             }
             let mut fields = line.split_whitespace();
-            let (Some(hash), Some(tenant), None) = (fields.next(), fields.next(), fields.next())
-            else {
-                return Err(bad("expected `sha256:HEX TENANT`".into()));
+            let (Some(hash), Some(tenant)) = (fields.next(), fields.next()) else {
+                return Err(bad(
+                    "expected `sha256:HEX TENANT [concurrent=N] [tpm=N]`".into()
+                ));
             };
             let hash = parse_hash(hash).map_err(bad)?;
             check_tenant(tenant).map_err(bad)?;
+            let own = TenantLimits::parse(fields).map_err(bad)?;
+            if own != TenantLimits::default() {
+                match limits.get(tenant) {
+                    Some((earlier, line)) if *earlier != own => {
+                        return Err(bad(format!(
+                            "tenant `{tenant}` has other limits on line {line}; give them once, \
+                             or the same on every line"
+                        )));
+                    }
+                    _ => {
+                        limits.insert(tenant.to_string(), (own, i + 1));
+                    }
+                }
+            }
             if by_hash.insert(hash, tenant.to_string()).is_some() {
                 return Err(bad("this key is listed twice".into()));
             }
         }
-        Ok(Keys { by_hash })
+        Ok(Keys {
+            by_hash,
+            limits: limits.into_iter().map(|(t, (l, _))| (t, l)).collect(),
+        })
+    }
+
+    /// The limits the key file gives `tenant` (unset fields: the gateway's).
+    pub fn limits_of(&self, tenant: &str) -> TenantLimits {
+        self.limits.get(tenant).copied().unwrap_or_default()
     }
 
     /// The tenant `key` acts for, if it is listed.
@@ -178,7 +252,10 @@ mod tests {
             err("sha256:abc team"),
             "line 1: a SHA-256 hash has 64 hex digits, got 3"
         );
-        assert!(err(&format!("{} team a", hash_key("k"))).contains("expected `sha256:HEX TENANT`"));
+        assert!(
+            err(&format!("{} team a", hash_key("k"))).contains("`a` is not a `key=value` limit")
+        );
+        assert!(err(&hash_key("k")).contains("expected `sha256:HEX TENANT"));
         assert!(err(&format!("{} té", hash_key("k"))).contains("may only hold"));
         assert!(
             err(&format!("{0} a\n{0} b", hash_key("k")))
@@ -186,5 +263,53 @@ mod tests {
         );
         let named = Keys::parse(b"x y").unwrap_err().in_file(Path::new("/keys"));
         assert!(named.to_string().starts_with("`/keys` line 1:"), "{named}");
+    }
+
+    #[test]
+    fn lines_may_give_their_tenants_limits() {
+        let text = format!(
+            "{} team-a concurrent=8 tpm=200000\n{} team-a\n{} team-b tpm=5000\n{} team-c\n",
+            hash_key("k1"),
+            hash_key("k2"),
+            hash_key("k3"),
+            hash_key("k4")
+        );
+        let keys = Keys::parse(text.as_bytes()).unwrap();
+        assert_eq!(
+            keys.limits_of("team-a"),
+            TenantLimits {
+                concurrent: Some(8),
+                tokens_per_minute: Some(200_000)
+            }
+        );
+        assert_eq!(keys.limits_of("team-b").tokens_per_minute, Some(5000));
+        assert_eq!(keys.limits_of("team-b").concurrent, None);
+        assert_eq!(keys.limits_of("team-c"), TenantLimits::default());
+        assert_eq!(keys.tenant_of("k2"), Some("team-a"));
+    }
+
+    #[test]
+    fn bad_limits_are_named() {
+        let err = |fields: &str| {
+            Keys::parse(format!("{} t {fields}", hash_key("k")).as_bytes())
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            err("rpm=5"),
+            "line 1: unknown field `rpm` (known: concurrent, tpm)"
+        );
+        assert!(err("tpm=0").contains("`tpm` must be a whole number above 0"));
+        assert!(err("tpm=-1").contains("above 0"));
+        assert!(err("concurrent=2 concurrent=3").contains("`concurrent` is given twice"));
+        let conflict = Keys::parse(
+            format!("{} t tpm=5\n{} t tpm=6\n", hash_key("a"), hash_key("b")).as_bytes(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            conflict.contains("line 2: tenant `t` has other limits on line 1"),
+            "{conflict}"
+        );
     }
 }
