@@ -13,6 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "verifier.proto",
         "drafter.proto",
         "common.proto",
+        "peers.proto",
     ]
     .map(|f| root.join("specmesh/v1").join(f));
     for f in &files {

@@ -154,6 +154,16 @@ impl Security {
         matches!(self, Security::Tls(_))
     }
 
+    /// The per-call check of the client's identity against `names`
+    /// (empty: any certificate of the mesh CA), for an API of its own
+    /// (without TLS: none).
+    pub fn authorize_names(&self, names: &[String]) -> Authorize {
+        Authorize(match self {
+            Security::Plaintext => None,
+            Security::Tls(_) => Some(Arc::new(Allowlist::new(names.iter().cloned()))),
+        })
+    }
+
     /// The per-call check of the client's identity against
     /// `--tls-allow-san`, for the service's own API.
     pub fn authorize(&self) -> Authorize {

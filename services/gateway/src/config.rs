@@ -57,6 +57,29 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub drafters: Vec<String>,
 
+    /// The other gateways, in the same forms as --verifiers (this gateway
+    /// may be among them: it notices and skips itself): tenants' limits
+    /// then hold across all of them, each gateway counting the tokens and
+    /// running requests a tenant has on the others. In Kubernetes the
+    /// gateways' headless Service. None: each gateway's limits are its own.
+    #[arg(long, value_delimiter = ',')]
+    pub peers: Vec<String>,
+
+    /// How often each gateway asks its peers for their tenants' use (ms).
+    #[arg(long, default_value_t = 500)]
+    pub peer_sync_ms: u64,
+
+    /// Over TLS: the name peer gateways' certificates carry (e.g.
+    /// `specmesh-gateway`); default: the host of each endpoint.
+    #[arg(long)]
+    pub peer_tls_name: Option<String>,
+
+    /// Over TLS: identities (certificate SANs) allowed to ask this gateway
+    /// for its tenants' use, comma-separated. Unset: any client with a
+    /// certificate from the mesh CA. Without TLS anyone may ask.
+    #[arg(long, value_delimiter = ',')]
+    pub peer_allow_san: Vec<String>,
+
     /// Where to serve the OpenAI-compatible HTTP API (`/v1/chat/completions`,
     /// `/v1/completions`, `/v1/models`, `/health`); default: nowhere. Over
     /// TLS when the gateway has `--tls-cert`.
@@ -194,6 +217,11 @@ pub struct Config {
     pub drafters: Vec<MemberSource>,
     /// How often `dns:///` entries are resolved again.
     pub resolve_interval: Duration,
+    /// Other gateways sharing tenants' limits (none: this gateway's own).
+    pub peers: Vec<MemberSource>,
+    pub peer_sync: Duration,
+    pub peer_tls_name: Option<String>,
+    pub peer_allow_san: Vec<String>,
     pub model: PathBuf,
     /// The model file's SHA-256, checked before it loads.
     pub model_sha256: Option<specmesh_catalog::Sha256>,
@@ -241,6 +269,9 @@ impl TryFrom<Args> for Config {
             return Err(ConfigError::NoVerifiers);
         }
         let drafters = parse_sources("drafters", &args.drafters)?;
+        let peers = parse_sources("peers", &args.peers)?;
+        at_least("peer-sync-ms", args.peer_sync_ms, 50)?;
+        at_most("peer-sync-ms", args.peer_sync_ms, 60_000)?;
         at_least("max-new-tokens", args.max_new_tokens.into(), 1)?;
         at_least("max-draft-tokens", args.max_draft_tokens.into(), 1)?;
         at_least(
@@ -301,6 +332,10 @@ impl TryFrom<Args> for Config {
             drafter_tls_name: args.drafter_tls_name,
             verifiers,
             drafters,
+            peers,
+            peer_sync: Duration::from_millis(args.peer_sync_ms),
+            peer_tls_name: args.peer_tls_name,
+            peer_allow_san: args.peer_allow_san,
             resolve_interval: Duration::from_millis(args.resolve_interval_ms),
             model,
             max_context: args.max_context,
@@ -335,6 +370,10 @@ impl Config {
             drafter_tls_name: None,
             verifiers: verifiers.into_iter().map(MemberSource::Static).collect(),
             drafters: Vec::new(),
+            peers: Vec::new(),
+            peer_sync: Duration::from_millis(500),
+            peer_tls_name: None,
+            peer_allow_san: Vec::new(),
             resolve_interval: Duration::from_secs(5),
             model,
             model_sha256: None,

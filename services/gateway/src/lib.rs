@@ -28,6 +28,7 @@ mod members;
 mod metrics;
 mod model;
 mod output;
+mod peers;
 mod placement;
 mod quota;
 mod resolve;

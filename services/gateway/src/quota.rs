@@ -69,6 +69,29 @@ impl QuotaError {
 pub struct Quotas {
     limits: QuotaLimits,
     tenants: Mutex<HashMap<String, Use>>,
+    /// What other gateways report (see [`crate::peers`]).
+    shared: Mutex<Shared>,
+}
+
+/// A tenant's use as this gateway reports it to its peers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalUse {
+    pub tenant: String,
+    /// Tokens charged here since start (only grows).
+    pub tokens_total: u64,
+    /// Requests running here now.
+    pub running: u32,
+    /// The tokens-per-minute limit applied here, if any.
+    pub tokens_per_minute: Option<u64>,
+}
+
+/// This gateway's counters for its peers, and what they run.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Per tenant: tokens charged here since start, and the limit applied.
+    totals: HashMap<String, (u64, Option<u64>)>,
+    /// Per tenant: requests running on the other gateways, as last reported.
+    remote_running: HashMap<String, usize>,
 }
 
 #[derive(Debug)]
@@ -95,6 +118,7 @@ impl Quotas {
         Arc::new(Quotas {
             limits,
             tenants: Mutex::default(),
+            shared: Mutex::default(),
         })
     }
 
@@ -111,6 +135,12 @@ impl Quotas {
             max_concurrent: own.concurrent.or(self.limits.max_concurrent),
             tokens_per_minute: own.tokens_per_minute.or(self.limits.tokens_per_minute),
         };
+        let remote_running = self
+            .lock_shared()
+            .remote_running
+            .get(tenant)
+            .copied()
+            .unwrap_or(0);
         let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
         let full = limits.tokens_per_minute.map_or(0.0, |t| t as f64);
         let entry = tenants.entry(tenant.to_string()).or_insert(Use {
@@ -121,7 +151,7 @@ impl Quotas {
         });
         entry.per_minute = limits.tokens_per_minute;
         if let Some(limit) = limits.max_concurrent
-            && entry.running >= limit
+            && entry.running + remote_running >= limit
         {
             return Err(QuotaError::Concurrent {
                 tenant: tenant.to_string(),
@@ -142,10 +172,70 @@ impl Quotas {
             entry.balance -= prompt_tokens as f64;
         }
         entry.running += 1;
+        drop(tenants);
+        self.count(tenant, prompt_tokens, limits.tokens_per_minute);
         Ok(QuotaPermit {
             quotas: Arc::clone(self),
             tenant: tenant.to_string(),
         })
+    }
+
+    fn lock_shared(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds `tokens` to what this gateway reports it charged `tenant`.
+    fn count(&self, tenant: &str, tokens: u64, per_minute: Option<u64>) {
+        let mut shared = self.lock_shared();
+        let total = shared.totals.entry(tenant.to_string()).or_insert((0, None));
+        total.0 += tokens;
+        total.1 = per_minute;
+    }
+
+    /// This gateway's own use, per tenant, for its peers.
+    pub fn local_use(&self) -> Vec<LocalUse> {
+        let running: HashMap<String, usize> = self
+            .tenants
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(t, u)| (t.clone(), u.running))
+            .collect();
+        self.lock_shared()
+            .totals
+            .iter()
+            .map(|(tenant, &(tokens_total, tokens_per_minute))| LocalUse {
+                tenant: tenant.clone(),
+                tokens_total,
+                running: running.get(tenant).copied().unwrap_or(0) as u32,
+                tokens_per_minute,
+            })
+            .collect()
+    }
+
+    /// Charges `tenant` the `tokens` it used on another gateway, whose limit
+    /// for it is `per_minute` (none: nothing to charge).
+    pub fn charge_remote(&self, tenant: &str, tokens: u64, per_minute: Option<u64>, now: Instant) {
+        let Some(per_minute) = per_minute else {
+            return;
+        };
+        let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = tenants.entry(tenant.to_string()).or_insert(Use {
+            per_minute: Some(per_minute),
+            running: 0,
+            balance: per_minute as f64,
+            at: now,
+        });
+        let per_minute = entry.per_minute.unwrap_or(per_minute);
+        refill(entry, per_minute, now);
+        entry.per_minute = Some(per_minute);
+        entry.balance -= tokens as f64;
+    }
+
+    /// The requests each tenant runs on the other gateways, as they last
+    /// reported them.
+    pub fn set_remote_running(&self, running: HashMap<String, usize>) {
+        self.lock_shared().remote_running = running;
     }
 
     /// Tenants with state kept (running, or owing / refilling).
@@ -174,11 +264,15 @@ impl QuotaPermit {
             .tenants
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        let mut per_minute = None;
         if let Some(entry) = tenants.get_mut(&self.tenant)
             && entry.per_minute.is_some()
         {
             entry.balance -= tokens as f64;
+            per_minute = entry.per_minute;
         }
+        drop(tenants);
+        self.quotas.count(&self.tenant, tokens, per_minute);
     }
 }
 
@@ -328,5 +422,46 @@ mod tests {
         owing.charge(500_000);
         drop(owing);
         assert_eq!(q.tenants(), 1, "a tenant that owes is remembered");
+    }
+
+    #[test]
+    fn use_on_other_gateways_counts_here() {
+        let q = Quotas::new(QuotaLimits {
+            max_concurrent: Some(2),
+            tokens_per_minute: Some(600),
+        });
+        let t0 = Instant::now();
+        // The tenant ran one request elsewhere and used 550 tokens there.
+        q.set_remote_running(HashMap::from([("a".to_string(), 1)]));
+        q.charge_remote("a", 550, Some(600), t0);
+        let p = q
+            .admit("a", D, 40, t0)
+            .expect("one running here, one there: 2");
+        assert!(matches!(
+            q.admit("a", D, 1, t0),
+            Err(QuotaError::Concurrent { limit: 2, .. })
+        ));
+        drop(p);
+        // 550 there + 40 here of 600: 10 left, then the bucket is empty.
+        let p = q.admit("a", D, 20, t0).unwrap();
+        drop(p);
+        assert!(matches!(
+            q.admit("a", D, 1, t0),
+            Err(QuotaError::Tokens { .. })
+        ));
+        // What this gateway reports is its own use only.
+        let mine = q.local_use();
+        assert_eq!(
+            mine,
+            vec![LocalUse {
+                tenant: "a".into(),
+                tokens_total: 60,
+                running: 0,
+                tokens_per_minute: Some(600),
+            }]
+        );
+        // A peer without a limit for the tenant charges nothing.
+        q.charge_remote("b", 10_000, None, t0);
+        assert!(q.admit("b", D, 1, t0).is_ok());
     }
 }

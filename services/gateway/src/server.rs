@@ -12,6 +12,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::Context;
+use specmesh_proto::v1::gateway_peers_server::GatewayPeersServer;
 use specmesh_proto::v1::generation_server::{GenerationServer, SERVICE_NAME};
 use specmesh_server::{AbortOnDrop, Built, ClientAuth, Drain, Endpoints, Security, ServerArgs};
 use tonic::service::interceptor::InterceptedService;
@@ -117,21 +118,57 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
         }
         None => None,
     };
+    // Tenants' use, for the other gateways (`--peers`), and the task that
+    // asks them for theirs.
+    let instance: u64 = rand::random();
+    let quotas = std::sync::Arc::clone(service.state().quotas());
+    let peer_api = InterceptedService::new(
+        GatewayPeersServer::new(crate::peers::PeerService::new(quotas.clone(), instance)),
+        security.authorize_names(&config.peer_allow_san),
+    );
+    let peers_synced = prometheus::IntGauge::new(
+        "specmesh_gateway_peers_synced",
+        "Peer gateways (--peers) whose tenants' use this gateway counted at the last sync.",
+    )
+    .expect("a valid gauge");
+    let sync = (!config.peers.is_empty()).then(|| {
+        info!(
+            peers = config.peers.len(),
+            every_ms = config.peer_sync.as_millis() as u64,
+            "tenants' limits are shared with the peer gateways"
+        );
+        AbortOnDrop(tokio::spawn(crate::peers::run(
+            quotas,
+            crate::peers::Sync {
+                peers: config.peers.clone(),
+                interval: config.peer_sync,
+                dialer: specmesh_server::client::Dialer {
+                    security: security.clone(),
+                    connect_timeout: config.connect_timeout,
+                },
+                tls_name: config.peer_tls_name.clone(),
+                instance,
+            },
+            peers_synced.clone(),
+        )))
+    });
     let requests = Requests {
         service: service.clone(),
         http: tokio::sync::Mutex::new(http),
     };
     let mut built = Built::new(
-        tonic::service::Routes::new(generation),
+        tonic::service::Routes::new(generation).add_service(peer_api),
         SERVICE_NAME,
         Box::new(requests),
     );
+    built.tasks.extend(sync);
     // Time for the requests ended at the grace period's end to send their
     // last answer (an error event, a status).
     built.close_timeout = CLOSE_TIMEOUT;
     built.metrics_label = config.model.display().to_string();
     built.metrics = Box::new(move |registry| {
         service.register_metrics(registry);
+        registry.register(Box::new(peers_synced))?;
         Ok(())
     });
     built.keepalive = Some((CLIENT_KEEPALIVE_INTERVAL, CLIENT_KEEPALIVE_TIMEOUT));

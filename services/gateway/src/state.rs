@@ -234,6 +234,11 @@ impl State {
         }
     }
 
+    /// Every tenant's quota use (shared with the peer gateways).
+    pub fn quotas(&self) -> &Arc<Quotas> {
+        &self.quotas
+    }
+
     /// Names the request, opens its span (continuing the trace its
     /// `metadata` carries) and fixes its deadline: the caller's
     /// `grpc-timeout` when shorter than the default.
