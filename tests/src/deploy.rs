@@ -260,3 +260,50 @@ pub fn stream(docs: &[Value]) -> String {
         .collect::<Vec<_>>()
         .join("\n---\n")
 }
+
+/// `specmesh_*` metric names in `text`, histogram series as their base
+/// (without `_bucket`, `_sum`, `_count`).
+pub fn metric_names(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("specmesh_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        names.push(base.to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// The Rust sources of the service kit and the three services,
+/// concatenated: where every metric is defined, as a quoted name.
+pub fn service_sources() -> String {
+    fn walk(dir: &Path, out: &mut String) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for path in entries.flatten().map(|e| e.path()) {
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push_str(&std::fs::read_to_string(&path).unwrap());
+            }
+        }
+    }
+    let mut out = String::new();
+    walk(&repo().join("crates/server/src"), &mut out);
+    for service in std::fs::read_dir(repo().join("services"))
+        .unwrap()
+        .flatten()
+    {
+        walk(&service.path().join("src"), &mut out);
+    }
+    out
+}

@@ -38,46 +38,6 @@ fn known(what: &str, object: &Value, fields: &str) {
     }
 }
 
-/// `specmesh_*` metric names in `text` (histogram series as their base).
-fn metric_names(text: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    let mut rest = text;
-    while let Some(at) = rest.find("specmesh_") {
-        let tail = &rest[at..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
-            .unwrap_or(tail.len());
-        let name = &tail[..end];
-        let base = ["_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|s| name.strip_suffix(s))
-            .unwrap_or(name);
-        names.push(base.to_string());
-        rest = &tail[end..];
-    }
-    names
-}
-
-/// The services' Rust sources, concatenated.
-fn sources() -> String {
-    fn walk(dir: &std::path::Path, out: &mut String) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for path in entries.flatten().map(|e| e.path()) {
-            if path.is_dir() {
-                walk(&path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push_str(&std::fs::read_to_string(&path).unwrap());
-            }
-        }
-    }
-    let mut out = String::new();
-    walk(&repo().join("crates/server/src"), &mut out);
-    walk(&repo().join("services"), &mut out);
-    out
-}
-
 fn assert_defined(what: &str, text: &str, sources: &str) {
     let names = metric_names(text);
     assert!(!names.is_empty(), "{what} names no specmesh metric");
@@ -242,7 +202,7 @@ fn keda_scales_the_three_services_in_place_of_the_hpas() {
         of_kind(&docs, "HorizontalPodAutoscaler").is_empty(),
         "KEDA makes the HPAs; production's must be gone"
     );
-    let sources = sources();
+    let sources = service_sources();
     let objects = of_kind(&docs, "ScaledObject");
     for (component, deployment, _) in services(&docs) {
         let name = deployment["metadata"]["name"].as_str().unwrap();
@@ -407,7 +367,7 @@ fn the_adapter_values_name_defined_metrics() {
     let parsed = documents(&values);
     let rules = parsed[0]["rules"]["custom"].as_array().unwrap();
     assert_eq!(rules.len(), 2);
-    assert_defined("the adapter's rules", &values, &sources());
+    assert_defined("the adapter's rules", &values, &service_sources());
     // The metrics the production HPA of the verifiers asks for.
     let hpa =
         std::fs::read_to_string(repo().join("deploy/k8s/overlays/production/hpa.yaml")).unwrap();

@@ -502,14 +502,7 @@ fn dashboard_and_alerts_name_only_defined_metrics() {
         "no panels"
     );
     let alerts = std::fs::read_to_string(repo().join("deploy/prometheus/alerts.yml")).unwrap();
-    let mut sources = String::new();
-    rust_sources(&repo().join("crates/server/src"), &mut sources);
-    for service in std::fs::read_dir(repo().join("services"))
-        .unwrap()
-        .flatten()
-    {
-        rust_sources(&service.path().join("src"), &mut sources);
-    }
+    let sources = service_sources();
     let mut missing: Vec<String> = metric_names(&dashboard)
         .into_iter()
         .chain(metric_names(&alerts))
@@ -521,39 +514,6 @@ fn dashboard_and_alerts_name_only_defined_metrics() {
         missing.is_empty(),
         "metrics no service defines: {missing:?}"
     );
-}
-
-/// `specmesh_*` names in `text`, histogram series without their suffix.
-fn metric_names(text: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    let mut rest = text;
-    while let Some(at) = rest.find("specmesh_") {
-        let tail = &rest[at..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
-            .unwrap_or(tail.len());
-        let name = &tail[..end];
-        let base = ["_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|s| name.strip_suffix(s))
-            .unwrap_or(name);
-        names.push(base.to_string());
-        rest = &tail[end..];
-    }
-    names
-}
-
-fn rust_sources(dir: &Path, out: &mut String) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for path in entries.flatten().map(|e| e.path()) {
-        if path.is_dir() {
-            rust_sources(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push_str(&std::fs::read_to_string(&path).unwrap());
-        }
-    }
 }
 
 #[test]

@@ -207,3 +207,79 @@ async fn a_tenants_limit_holds_across_two_gateways() {
         assert_eq!(metric(m, "specmesh_gateway_peers_synced", ""), 1.0);
     }
 }
+
+/// Over TLS, only the identities of `--peer-allow-san` may ask a gateway
+/// for its tenants' use (another certificate of the mesh CA is denied, a
+/// caller without one unauthenticated), and two gateways sync over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_only_gateways_may_ask_for_tenants_use() {
+    use specmesh_e2e::pki::{Ca, TlsFiles, tls_channel};
+    use specmesh_proto::v1;
+    use specmesh_proto::v1::gateway_peers_client::GatewayPeersClient;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("mesh");
+    let files = TlsFiles::write(
+        &dir.path().join("gateway"),
+        &ca.issue(&["specmesh-gateway", "127.0.0.1"]),
+        &ca.pem(),
+    );
+    let keys = dir.path().join("api-keys");
+    std::fs::write(&keys, format!("{}\n", new_key("team-a").line)).unwrap();
+    let model = model_path().display().to_string();
+    let (a, b) = (free_addr(), free_addr());
+    let peers = format!("http://{a},http://{b}");
+    let mut args: Vec<String> = [
+        "--model",
+        &model,
+        // No verifier is needed to share tenants' use.
+        "--verifiers",
+        "http://127.0.0.1:1",
+        "--api-keys",
+        &keys.display().to_string(),
+        "--peers",
+        &peers,
+        "--peer-tls-name",
+        "specmesh-gateway",
+        "--peer-allow-san",
+        "specmesh-gateway",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(files.args());
+    let (ga, gb) = (
+        Service::start_at("specmesh-gateway", &a, &args, &[]),
+        Service::start_at("specmesh-gateway", &b, &args, &[]),
+    );
+    let ask = |identity: Option<specmesh_e2e::pki::Leaf>| {
+        let (url, ca_pem) = (ga.url.clone(), ca.pem());
+        async move {
+            let channel = tls_channel(&url, &ca_pem, "specmesh-gateway", identity.as_ref())
+                .await
+                .unwrap();
+            GatewayPeersClient::new(channel)
+                .usage(v1::UsageRequest { from_instance: 7 })
+                .await
+        }
+    };
+    let ok = ask(Some(ca.issue(&["specmesh-gateway"]))).await.unwrap();
+    assert_ne!(ok.into_inner().instance, 0);
+    let denied = ask(Some(ca.issue(&["someone-else"]))).await.unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    let anonymous = ask(None).await.unwrap_err();
+    assert_eq!(anonymous.code(), Code::Unauthenticated, "{anonymous:?}");
+    // Each counts the other, over TLS.
+    for g in [&ga, &gb] {
+        let m = g.metrics.as_deref().unwrap();
+        let until = Instant::now() + Duration::from_secs(15);
+        while metric(m, "specmesh_gateway_peers_synced", "") < 1.0 {
+            assert!(
+                Instant::now() < until,
+                "{} never synced with its peer",
+                g.url
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}

@@ -276,6 +276,7 @@ mod tests {
                 "SPECMESH_WIDGET_CPUS",
                 "SPECMESH_WIDGET_HEALTH_LISTEN",
                 "SPECMESH_WIDGET_LISTEN",
+                "SPECMESH_WIDGET_LOG_FORMAT",
                 "SPECMESH_WIDGET_MAX_THINGS",
                 "SPECMESH_WIDGET_METRICS_LISTEN",
                 "SPECMESH_WIDGET_PLAINTEXT",
