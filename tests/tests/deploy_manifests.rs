@@ -13,7 +13,6 @@
 //! authentication wiring is checked in `deploy_security.rs`; the tools are
 //! listed in `specmesh_e2e::deploy`.
 
-use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
