@@ -29,13 +29,16 @@ use crate::packed::kquant::{
 };
 use crate::packed_x86::{GroupOut, PairFn, halves_pair, load_pair, pair_entry, store_pair};
 
-/// Activation rows from which a call uses these kernels. With fewer, the
-/// AVX2 kernels are faster here (a 1-token step 26–28 ms against 35 ms on
-/// the 1.5B, a 4-token one 43–47 against 50–51 ms, `bench-model --isa
-/// avx-vnni` against `avx512-vnni`), since one row leaves each `vpdpbusd`
-/// waiting on the last; from 5 rows the AVX2 kernels must unpack every
-/// weight twice (at most 4 rows per call) and these win.
-pub(crate) const MIN_ROWS: usize = 5;
+/// Activation rows from which a call uses these kernels: every call. With
+/// one or two rows each row's products go to four independent partial sums
+/// ([`CHAINS`]); before that, one row left each `vpdpbusd` waiting on the
+/// last and the AVX2 kernels were faster below 5 rows. Measured on the 1.5B
+/// (`bench-model --model qwen2.5-coder-1.5b --contexts 512 --ks 1,2,4,8,16`,
+/// Intel Xeon, 2 threads, two runs each, interleaved): k=1 61.2 / 64.2 ms
+/// before, 53.8 / 51.9 ms after; k=2 71.2 / 72.4 before, 58.3 / 56.6 after;
+/// k=4 87.9 / 85.7 before, 62.7 / 75.4 after; greedy decode 15.2 / 14.9
+/// tok/s before, 21.4 / 20.0 after.
+pub(crate) const MIN_ROWS: usize = 1;
 
 /// Four activation bytes starting at `at`, broadcast to every 32-bit lane.
 ///
@@ -90,6 +93,41 @@ unsafe fn scales_i8(a: *const u8, b: *const u8) -> __m512i {
     }
 }
 
+/// Partial integer sums kept per row and sub-block: [`SPLIT_ROWS`] rows or
+/// fewer use all of them, more rows one (their own rows already interleave
+/// independent `vpdpbusd`, and more registers would spill).
+const CHAINS: usize = 4;
+/// Rows up to which a call splits its sums over [`CHAINS`] chains.
+const SPLIT_ROWS: usize = 2;
+
+/// The two chains chunk `c`'s low and high products go to.
+#[inline(always)]
+fn chains<const T: usize>(c: usize) -> (usize, usize) {
+    if T <= SPLIT_ROWS {
+        (2 * (c & 1), 2 * (c & 1) + 1)
+    } else {
+        (0, 0)
+    }
+}
+
+/// The sum of a row's chains (exact: i32 sums of bounded products).
+///
+/// # Safety
+/// AVX-512F (callers are the entry points below, into which this inlines).
+#[inline(always)]
+unsafe fn sum_chains<const T: usize>(part: &[__m512i; CHAINS]) -> __m512i {
+    unsafe {
+        if T <= SPLIT_ROWS {
+            _mm512_add_epi32(
+                _mm512_add_epi32(part[0], part[1]),
+                _mm512_add_epi32(part[2], part[3]),
+            )
+        } else {
+            part[0]
+        }
+    }
+}
+
 /// Two adjacent groups of packed Q4_K rows · `T` activation rows (see
 /// [`PairFn`]).
 ///
@@ -117,18 +155,27 @@ unsafe fn q4_k_pair<const T: usize>(
             let (p0, p1) = (base0.add(b * Q4_K_GBB), base1.add(b * Q4_K_GBB));
             let mut isum = [_mm512_setzero_si512(); T];
             for s in 0..8 {
-                let mut s32 = [_mm512_setzero_si512(); T];
+                // Four partial sums per row when there are few rows, so
+                // consecutive `vpdpbusd` do not wait on each other (one
+                // chain of eight per sub-block left a 1-token step slower
+                // than the AVX2 kernel); integer sums, so the total is the
+                // same whichever way it is added up.
+                let mut part = [[_mm512_setzero_si512(); CHAINS]; T];
                 for c in 0..4 {
                     let at = Q4_K_NIB + (4 * s + c) * 32;
                     let w = load_pair(p0.add(at), p1.add(at));
                     let lo = _mm512_and_si512(w, m4);
                     let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                    let (k0, k1) = chains::<T>(c);
                     for t in 0..T {
                         let qs = &rows[t].get_unchecked(b).qs;
-                        s32[t] = _mm512_dpbusd_epi32(s32[t], lo, bcast4(qs, 32 * s + 4 * c));
-                        s32[t] = _mm512_dpbusd_epi32(s32[t], hi, bcast4(qs, 32 * s + 16 + 4 * c));
+                        part[t][k0] =
+                            _mm512_dpbusd_epi32(part[t][k0], lo, bcast4(qs, 32 * s + 4 * c));
+                        part[t][k1] =
+                            _mm512_dpbusd_epi32(part[t][k1], hi, bcast4(qs, 32 * s + 16 + 4 * c));
                     }
                 }
+                let s32: [__m512i; T] = std::array::from_fn(|t| sum_chains::<T>(&part[t]));
                 let sc = scales_u8(p0.add(Q4_K_SC + 8 * s), p1.add(Q4_K_SC + 8 * s));
                 for t in 0..T {
                     isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s32[t], sc));
@@ -211,7 +258,8 @@ unsafe fn q6_k_pair<const T: usize>(
                 // Low nibbles are sub-block 2q, high nibbles 2q + 1.
                 for side in 0..2 {
                     let h = load_pair(rec0.add(128 + 32 * side), rec1.add(128 + 32 * side));
-                    let mut s32 = [_mm512_setzero_si512(); T];
+                    // Independent partial sums with few rows (see q4_k_pair).
+                    let mut part = [[_mm512_setzero_si512(); CHAINS]; T];
                     for c in 0..4 {
                         let w = load_pair(rec0.add(32 * c), rec1.add(32 * c));
                         let w = if side == 0 {
@@ -220,12 +268,14 @@ unsafe fn q6_k_pair<const T: usize>(
                             _mm512_srli_epi16(w, 4)
                         };
                         let v = _mm512_or_si512(_mm512_and_si512(w, m4), q6_high(h, c));
+                        let k = chains::<T>(c).0;
                         for t in 0..T {
                             let qs = &rows[t].get_unchecked(b).qs;
                             let a = bcast4(qs, 32 * q + 16 * side + 4 * c);
-                            s32[t] = _mm512_dpbusd_epi32(s32[t], v, a);
+                            part[t][k] = _mm512_dpbusd_epi32(part[t][k], v, a);
                         }
                     }
+                    let s32: [__m512i; T] = std::array::from_fn(|t| sum_chains::<T>(&part[t]));
                     let sub = Q6_K_SC + 8 * (2 * q + side);
                     let sc = scales_i8(p0.add(sub), p1.add(sub));
                     for t in 0..T {

@@ -207,11 +207,12 @@ fn k_quant_and_q5_0_results_are_identical_on_every_isa() {
     let mut rng = StdRng::seed_from_u64(37);
     let pool = ThreadPool::new(2);
     let mut s = QuantizedRows::default();
-    // Activation rows on both sides of the two-group kernels' threshold
-    // (`packed_kquant_512::MIN_ROWS`), a full 8 and a remainder after it.
+    // Activation rows with split partial sums in the two-group kernels (1,
+    // 2: `packed_kquant_512::SPLIT_ROWS`) and without, a full 8 and a
+    // remainder after it.
     for (format, k) in ISA_EXACT
         .into_iter()
-        .flat_map(|f| [1, 4, 5, 7, 8, 13].map(|k| (f, k)))
+        .flat_map(|f| [1, 2, 3, 4, 5, 7, 8, 13].map(|k| (f, k)))
     {
         let cols = cols_for(format, 64) * 3;
         let w = random_quant(format, 21, cols, &mut rng);
