@@ -261,12 +261,7 @@ async fn chat(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let body = match body {
-        Ok(b) => b,
-        Err(r) => return layers::unread_body(&r),
-    };
-    let prepared = prepare::<ChatRequest>(&front, &headers, &body);
-    respond(front, &caller, prepared, Kind::Chat).await
+    handle::<ChatRequest>(front, &caller, &headers, body, Kind::Chat).await
 }
 
 async fn completions(
@@ -275,12 +270,23 @@ async fn completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    handle::<CompletionRequest>(front, &caller, &headers, body, Kind::Completion).await
+}
+
+/// A request of either kind: its body read (or why not), parsed, answered.
+async fn handle<T: OpenAiRequest>(
+    front: Front,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    kind: Kind,
+) -> Response {
     let body = match body {
         Ok(b) => b,
         Err(r) => return layers::unread_body(&r),
     };
-    let prepared = prepare::<CompletionRequest>(&front, &headers, &body);
-    respond(front, &caller, prepared, Kind::Completion).await
+    let prepared = prepare::<T>(&front, headers, &body);
+    respond(front, caller, prepared, kind).await
 }
 
 #[derive(Clone, Copy)]
