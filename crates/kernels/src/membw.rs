@@ -6,6 +6,12 @@
 //! little arithmetic per byte, so weight bytes ÷ this bandwidth is the floor
 //! its step time cannot go below (`bench-model` reports the two side by
 //! side).
+//!
+//! The read asks for its lines ahead in software, as the K-quant kernels
+//! do: without that the hardware prefetchers alone measured 25–30 GB/s on
+//! the Intel Xeon VM of docs/performance.md, below what the kernels
+//! themselves then streamed (36 GB/s), and a floor the kernels beat is no
+//! floor.
 
 use std::time::Instant;
 
@@ -32,18 +38,35 @@ pub fn read_bandwidth(pool: &ThreadPool, bytes: usize, reps: usize) -> f64 {
     (words * 8) as f64 / best
 }
 
+/// Bytes ahead of the line being summed that the read asks for.
+const PREFETCH_BYTES: usize = 4096;
+
 /// Wrapping sum with 8 independent chains, so loads, not the adds, bound
-/// the loop (the compiler vectorises it to full-width loads).
+/// the loop (the compiler vectorises it to full-width loads); each 64-byte
+/// line asks for the one [`PREFETCH_BYTES`] ahead.
 fn sum(x: &[u64]) -> u64 {
     let mut acc = [0u64; 8];
     let chunks = x.chunks_exact(8);
     let tail = chunks.remainder();
     for c in chunks {
+        prefetch(c.as_ptr().wrapping_byte_add(PREFETCH_BYTES));
         for (a, v) in acc.iter_mut().zip(c) {
             *a = a.wrapping_add(*v);
         }
     }
     acc.iter().chain(tail).fold(0u64, |s, v| s.wrapping_add(*v))
+}
+
+#[inline(always)]
+fn prefetch(p: *const u64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of x86-64; a prefetch never faults, whatever the
+    // address (this one may lie past the buffer).
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 #[cfg(test)]
