@@ -67,6 +67,19 @@ impl Isa {
     }
 }
 
+/// A name [`Isa::from_name`] does not know; the message lists the names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown instruction set `{0}`: use scalar, avx2, avx-vnni, avx512-vnni or amx-int8")]
+pub struct UnknownIsa(pub String);
+
+impl std::str::FromStr for Isa {
+    type Err = UnknownIsa;
+
+    fn from_str(s: &str) -> Result<Isa, UnknownIsa> {
+        Isa::from_name(s).ok_or_else(|| UnknownIsa(s.to_string()))
+    }
+}
+
 impl fmt::Display for Isa {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -43,6 +43,6 @@ pub mod vec;
 
 pub use act::{BlockQ8, BlockQ8K, QuantizedRows};
 pub use format::{BLOCK, QFormat, SUPER_BLOCK, WeightLayoutError};
-pub use isa::Isa;
+pub use isa::{Isa, UnknownIsa};
 pub use matmul::{QMatrix, Weights};
 pub use threads::ThreadPool;

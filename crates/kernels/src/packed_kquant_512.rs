@@ -27,7 +27,10 @@ use crate::isa::Isa;
 use crate::packed::kquant::{
     Q4_K_DMIN, Q4_K_GBB, Q4_K_MIN, Q4_K_NIB, Q4_K_SC, Q6_K_GBB, Q6_K_GROUP, Q6_K_SC, Q6_K_VALUES,
 };
-use crate::packed_x86::{GroupOut, PairFn, halves_pair, load_pair, pair_entry, store_pair};
+use crate::packed_x86::{
+    GroupOut, PREFETCH_AHEAD, PairFn, halves_pair, load_pair, pair_entry, prefetch_slice,
+    store_pair,
+};
 
 /// Activation rows from which a call uses these kernels: every call. With
 /// one or two rows each row's products go to four independent partial sums
@@ -93,39 +96,18 @@ unsafe fn scales_i8(a: *const u8, b: *const u8) -> __m512i {
     }
 }
 
-/// How far ahead of the super-block being computed the kernels ask for
-/// weight bytes, in super-blocks of each of the two groups.
-///
-/// Why prefetch by hand: a model's weights stream from DRAM, and the
-/// hardware prefetchers alone left the one-row kernels at 24 GB/s where a
-/// plain read gets ~30 (`kb` on a 345 MB Q4_K matrix: 30 GB/s with these).
-/// Each call reads two streams (the pair's groups) that end every `nsb`
-/// super-blocks, and a thread's next call starts two groups further on, so
-/// the requests run on into the next pair's groups instead of past the end
-/// of this one's.
-const PREFETCH_AHEAD: usize = 2;
-
-/// Asks for the weight bytes [`PREFETCH_AHEAD`] super-blocks after
-/// super-block `b` of the group at `p` (the same super-block of the next
-/// pair's group once this group's `nsb` run out): the `step`-th of eight
-/// slices of a group-block of `GBB` bytes. The kernels call it once per
-/// sub-block (or 32-input record), so a super-block's lines are requested
-/// spread over its compute.
-///
-/// # Safety
-/// None beyond the CPU's SSE: a prefetch never faults, and the address is
-/// formed with wrapping arithmetic (it may lie past the matrix).
+/// How many super-blocks ahead of `b` the pair kernels ask for the weights
+/// of each of their two groups (see [`prefetch_slice`]): each call reads two
+/// streams that end every `nsb` super-blocks, and a thread's next call starts
+/// two groups further on, so once this group's run out the requests go to
+/// the same super-block of the next pair's group, not past the end of this
+/// one.
 #[inline(always)]
-unsafe fn prefetch_slice<const GBB: usize>(p: *const u8, b: usize, nsb: usize, step: usize) {
-    let lines = GBB.div_ceil(8 * 64);
-    let ahead = if b + PREFETCH_AHEAD < nsb {
+fn pair_ahead(b: usize, nsb: usize) -> usize {
+    if b + PREFETCH_AHEAD < nsb {
         PREFETCH_AHEAD
     } else {
         PREFETCH_AHEAD + nsb
-    };
-    let at = p.wrapping_add(ahead * GBB + step * lines * 64);
-    for l in 0..lines {
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * l) as *const i8) };
     }
 }
 
@@ -191,8 +173,8 @@ unsafe fn q4_k_pair<const T: usize>(
             let (p0, p1) = (base0.add(b * Q4_K_GBB), base1.add(b * Q4_K_GBB));
             let mut isum = [_mm512_setzero_si512(); T];
             for s in 0..8 {
-                prefetch_slice::<Q4_K_GBB>(p0, b, nsb, s);
-                prefetch_slice::<Q4_K_GBB>(p1, b, nsb, s);
+                prefetch_slice::<Q4_K_GBB>(p0, pair_ahead(b, nsb), s);
+                prefetch_slice::<Q4_K_GBB>(p1, pair_ahead(b, nsb), s);
                 // Four partial sums per row when there are few rows, so
                 // consecutive `vpdpbusd` do not wait on each other (one
                 // chain of eight per sub-block left a 1-token step slower
@@ -293,8 +275,8 @@ unsafe fn q6_k_pair<const T: usize>(
             let (p0, p1) = (base0.add(b * Q6_K_GBB), base1.add(b * Q6_K_GBB));
             let mut isum = [_mm512_setzero_si512(); T];
             for q in 0..8 {
-                prefetch_slice::<Q6_K_GBB>(p0, b, nsb, q);
-                prefetch_slice::<Q6_K_GBB>(p1, b, nsb, q);
+                prefetch_slice::<Q6_K_GBB>(p0, pair_ahead(b, nsb), q);
+                prefetch_slice::<Q6_K_GBB>(p1, pair_ahead(b, nsb), q);
                 let (rec0, rec1) = (
                     p0.add(Q6_K_VALUES + q * Q6_K_GROUP),
                     p1.add(Q6_K_VALUES + q * Q6_K_GROUP),

@@ -26,7 +26,7 @@ use crate::packed::blocks32::{Q5_0_BITS, Q5_0_GBB, Q5_0_NIBBLES};
 use crate::packed::kquant::{
     Q4_K_DMIN, Q4_K_GBB, Q4_K_MIN, Q4_K_NIB, Q4_K_SC, Q6_K_GBB, Q6_K_GROUP, Q6_K_SC, Q6_K_VALUES,
 };
-use crate::packed_x86::{GroupFn, GroupOut};
+use crate::packed_x86::{GroupFn, GroupOut, PREFETCH_AHEAD, prefetch_slice};
 
 /// Four activation bytes starting at `at`, broadcast to every 32-bit lane.
 ///
@@ -132,6 +132,9 @@ unsafe fn q4_k_group<const T: usize>(
             let gb = base.add(b * Q4_K_GBB);
             let mut isum = [_mm256_setzero_si256(); T];
             for s in 0..8 {
+                // A thread's groups are contiguous: past this group's end
+                // the requests are for its next group.
+                prefetch_slice::<Q4_K_GBB>(gb, PREFETCH_AHEAD, s);
                 let sc = row_scales_u8(gb.add(Q4_K_SC + 8 * s));
                 let mut s16 = [_mm256_setzero_si256(); T];
                 for c in 0..4 {
@@ -217,6 +220,7 @@ unsafe fn q6_k_group<const T: usize>(
             let gb = base.add(b * Q6_K_GBB);
             let mut isum = [_mm256_setzero_si256(); T];
             for q in 0..8 {
+                prefetch_slice::<Q6_K_GBB>(gb, PREFETCH_AHEAD, q);
                 let rec = gb.add(Q6_K_VALUES + q * Q6_K_GROUP);
                 // Low nibbles are sub-block 2q, high nibbles 2q + 1: one
                 // side at a time keeps T sums live, not 2T.

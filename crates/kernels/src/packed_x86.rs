@@ -291,6 +291,33 @@ pub(crate) unsafe fn load_pair(a: *const u8, b: *const u8) -> __m512i {
     }
 }
 
+/// How far ahead of the super-block being computed the K-quant kernels ask
+/// for weight bytes, in super-blocks of a group.
+///
+/// Why prefetch by hand: a model's weights stream from DRAM, and the
+/// hardware prefetchers alone (they stop at every 4 KiB page) left the
+/// one-row kernels at 24 GB/s where a plain read gets ~30: `kb` on a 345 MB
+/// Q4_K matrix, AVX-512 VNNI, 2 threads: 24.5 GB/s without, 36.5 GB/s with
+/// (docs/performance.md has the whole-model numbers).
+pub(crate) const PREFETCH_AHEAD: usize = 2;
+
+/// Asks for the weight bytes `ahead` group-blocks after `p`: the `step`-th
+/// of eight slices of a group-block of `GBB` bytes. The kernels call it
+/// once per sub-block (or 32-input record), so a super-block's lines are
+/// requested spread over its compute.
+///
+/// # Safety
+/// None beyond x86-64's SSE: a prefetch never faults, and the address is
+/// formed with wrapping arithmetic (it may lie past the matrix).
+#[inline(always)]
+pub(crate) unsafe fn prefetch_slice<const GBB: usize>(p: *const u8, ahead: usize, step: usize) {
+    let lines = GBB.div_ceil(8 * 64);
+    let at = p.wrapping_add(ahead * GBB + step * lines * 64);
+    for l in 0..lines {
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * l) as *const i8) };
+    }
+}
+
 /// Sixteen f16 (8 at `a`, 8 at `b`) as f32.
 ///
 /// # Safety
