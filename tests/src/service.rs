@@ -3,7 +3,7 @@
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 use crate::binary;
 
@@ -153,4 +153,37 @@ impl Drop for Service {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Runs service binary `name` with `args` (plaintext, any loopback port)
+/// under `wrapper` (a command line its path and arguments are appended to;
+/// empty: none) until it exits, which it must within a minute: for the
+/// flags and files a service refuses at start.
+pub fn run_to_exit(wrapper: &[String], name: &str, args: &[&str]) -> Output {
+    let mut cmd = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(binary(name));
+            c
+        }
+        None => Command::new(binary(name)),
+    };
+    let child = cmd
+        .args(["--plaintext", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("SPECMESH_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let watchdog = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        // SAFETY: kill(2) on our own child, should it still run.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    });
+    let out = child.wait_with_output().unwrap();
+    drop(watchdog);
+    out
 }

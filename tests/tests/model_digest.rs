@@ -6,12 +6,12 @@
 //! refused as a flag.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use sha2::{Digest, Sha256};
 use specmesh_e2e::binary;
 use specmesh_e2e::model_path;
-use specmesh_e2e::service::Service;
+use specmesh_e2e::service::{Service, run_to_exit};
 
 /// A wrapper that runs its arguments with `dir` mounted read-only.
 fn read_only(dir: &Path) -> Vec<String> {
@@ -35,37 +35,6 @@ fn sha256_hex(path: &Path) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-/// Runs `name` with `args` (plaintext, any port) until it exits; it must
-/// exit within a minute.
-fn run_to_exit(wrapper: &[String], name: &str, args: &[&str]) -> Output {
-    let mut cmd = match wrapper.split_first() {
-        Some((program, rest)) => {
-            let mut c = Command::new(program);
-            c.args(rest).arg(binary(name));
-            c
-        }
-        None => Command::new(binary(name)),
-    };
-    let child = cmd
-        .args(["--plaintext", "--listen", "127.0.0.1:0"])
-        .args(args)
-        .env("SPECMESH_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let watchdog = std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs(60));
-        // SAFETY: kill(2) on our own child, should it still run.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    });
-    let out = child.wait_with_output().unwrap();
-    drop(watchdog);
-    out
 }
 
 fn refused_naming(out: &Output, file: &Path, expected: &str, actual: &str) {

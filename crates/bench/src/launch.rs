@@ -247,6 +247,9 @@ pub struct Layout {
     pub model: PathBuf,
     /// The verifiers' compute threads (default: all cores).
     pub threads: Option<usize>,
+    /// The kernels' instruction set of the verifiers and of the draft
+    /// model (`--isa`, `--draft-model-isa`; default: the fastest there).
+    pub isa: Option<specmesh_model::Isa>,
     /// The gateway's address.
     pub listen: SocketAddr,
     pub verifiers: usize,
@@ -285,6 +288,7 @@ impl Mesh {
         let Layout {
             model,
             threads,
+            isa,
             listen,
             verifiers,
             drafters,
@@ -322,6 +326,9 @@ impl Mesh {
             ]);
             if let Some(t) = drafter_threads {
                 drafter_args.extend(["--draft-model-threads".into(), t.to_string()]);
+            }
+            if let Some(isa) = isa {
+                drafter_args.extend(["--draft-model-isa".into(), isa.to_string()]);
             }
             if draft_ahead {
                 drafter_args.push("--draft-ahead".into());
@@ -378,6 +385,9 @@ impl Mesh {
             ];
             if let Some(t) = threads {
                 args.extend(["--threads".into(), t.to_string()]);
+            }
+            if let Some(isa) = isa {
+                args.extend(["--isa".into(), isa.to_string()]);
             }
             if let Some(c) = &verifier_cpus {
                 args.extend(["--cpus".into(), c.clone()]);

@@ -21,14 +21,8 @@ pub struct ModelArgs {
     #[arg(long, env = "SPECMESH_THREADS")]
     pub threads: Option<usize>,
     /// Kernel instruction set: scalar, avx2, avx-vnni, avx512-vnni, amx-int8 (opt-in) (default: the best of the others).
-    #[arg(long, env = "SPECMESH_ISA", value_parser = parse_isa)]
+    #[arg(long, env = "SPECMESH_ISA")]
     pub isa: Option<Isa>,
-}
-
-fn parse_isa(s: &str) -> Result<Isa, String> {
-    Isa::from_name(s).ok_or_else(|| {
-        format!("unknown ISA `{s}`: use scalar, avx2, avx-vnni, avx512-vnni or amx-int8")
-    })
 }
 
 impl ModelArgs {

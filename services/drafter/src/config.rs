@@ -77,6 +77,11 @@ pub struct Args {
     /// Compute threads of the draft model (default: all cores).
     #[arg(long)]
     pub draft_model_threads: Option<usize>,
+    /// The draft model kernels' instruction set: scalar, avx2, avx-vnni,
+    /// avx512-vnni or amx-int8 (default: the fastest this CPU has, AMX
+    /// opt-in); one the CPU lacks is refused at start.
+    #[arg(long)]
+    pub draft_model_isa: Option<specmesh_model::Isa>,
     /// Sessions that draft with the model at once, at most; later ones
     /// draft model-free (each holds a KV cache of its context).
     #[arg(long, default_value_t = 64)]
@@ -145,6 +150,8 @@ pub struct DraftModelConfig {
     /// through text for it.
     pub target_tokenizer: Option<PathBuf>,
     pub threads: Option<usize>,
+    /// The kernels' instruction set (`None`: the fastest this CPU has).
+    pub isa: Option<specmesh_model::Isa>,
     /// Sessions drafting with the model at once.
     pub max_sessions: usize,
     /// Draft the next tree during the verification of the last (see
@@ -204,6 +211,7 @@ impl TryFrom<Args> for Config {
                     .draft_model_threads
                     .map(|n| at_least("draft-model-threads", n, 1))
                     .transpose()?,
+                isa: a.draft_model_isa,
                 max_sessions: at_least("draft-model-sessions", a.draft_model_sessions, 1)?,
                 draft_ahead: a.draft_ahead,
                 head_tokens: (a.draft_head_tokens > 0).then_some(a.draft_head_tokens),
@@ -214,6 +222,7 @@ impl TryFrom<Args> for Config {
                     ("self-draft-layers", a.self_draft_layers.is_some()),
                     ("target-tokenizer", a.target_tokenizer.is_some()),
                     ("draft-model-threads", a.draft_model_threads.is_some()),
+                    ("draft-model-isa", a.draft_model_isa.is_some()),
                     ("draft-ahead", a.draft_ahead),
                     ("draft-head-tokens", a.draft_head_tokens > 0),
                     ("draft-model-sha256", a.draft_model_sha256.is_some()),

@@ -278,6 +278,7 @@ impl DraftModel {
         };
         let opts = LoadOptions {
             threads: cfg.threads,
+            isa: cfg.isa,
             head_tokens: head.as_deref(),
             ..LoadOptions::default()
         };

@@ -40,6 +40,12 @@ pub struct Args {
     /// Compute threads for the model (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// The kernels' instruction set: scalar, avx2, avx-vnni, avx512-vnni or
+    /// amx-int8 (default: the fastest this CPU has, AMX opt-in). One the
+    /// CPU lacks is refused at start. Outputs are the same on every one;
+    /// pin it to compare machines or to rule a kernel out.
+    #[arg(long)]
+    pub isa: Option<specmesh_model::Isa>,
     /// Memory for KV caches, running and kept sessions together (MiB).
     #[arg(long, default_value_t = 2048)]
     pub kv_budget_mib: u64,
@@ -124,6 +130,7 @@ pub struct Config {
     /// The model file's SHA-256, checked before it loads.
     pub model_sha256: Option<specmesh_catalog::Sha256>,
     pub threads: Option<usize>,
+    pub isa: Option<specmesh_model::Isa>,
     pub kv_budget_bytes: u64,
     pub max_batch: usize,
     pub batch_window: Duration,
@@ -191,6 +198,7 @@ impl TryFrom<Args> for Config {
             model: a.model,
             model_sha256: a.model_sha256,
             threads: a.threads,
+            isa: a.isa,
             kv_budget_bytes: a.kv_budget_mib << 20,
             max_batch: a.max_batch,
             batch_window: Duration::from_micros(a.batch_window_us),

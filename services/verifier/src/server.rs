@@ -76,9 +76,9 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
         model: model_path.clone(),
         ..config
     };
-    let threads = config.threads;
+    let (threads, isa) = (config.threads, config.isa);
     let (model, eos, vocab_fingerprint) =
-        tokio::task::spawn_blocking(move || load(&model_path, threads)).await??;
+        tokio::task::spawn_blocking(move || load(&model_path, threads, isa)).await??;
     let memory = specmesh_model::process::memory_line(model.weight_bytes());
     println!(
         "specmesh-verifier: model {} loaded: {memory}",
@@ -181,9 +181,14 @@ impl Drain for Sessions {
 }
 
 /// The model, its end-of-sequence ids and its vocabulary's fingerprint.
-fn load(path: &Path, threads: Option<usize>) -> anyhow::Result<(Model, Vec<u32>, u64)> {
+fn load(
+    path: &Path,
+    threads: Option<usize>,
+    isa: Option<specmesh_model::Isa>,
+) -> anyhow::Result<(Model, Vec<u32>, u64)> {
     let opts = LoadOptions {
         threads,
+        isa,
         ..LoadOptions::default()
     };
     let model = Model::load(path, &opts)

@@ -287,6 +287,7 @@ pub fn run(args: Args) -> Result<()> {
                 Mesh::start(Layout {
                     model: args.model.path()?,
                     threads: args.model.threads,
+                    isa: args.model.isa,
                     listen: "127.0.0.1:0".parse()?,
                     verifiers: 1,
                     drafters: 1,

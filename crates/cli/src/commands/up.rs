@@ -69,6 +69,7 @@ pub fn run(args: Args) -> Result<()> {
         let mesh = Mesh::start(Layout {
             model,
             threads: args.model.threads,
+            isa: args.model.isa,
             listen: args.listen,
             verifiers: args.verifiers,
             drafters: args.drafters,

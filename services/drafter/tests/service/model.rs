@@ -19,6 +19,7 @@ fn model_config(layers: Option<usize>) -> DraftModelConfig {
         self_draft_layers: layers,
         target_tokenizer: Some(model_path()),
         threads: Some(2),
+        isa: None,
         max_sessions: 4,
         draft_ahead: false,
         head_tokens: None,
