@@ -203,20 +203,16 @@ unsafe fn q4_k_pair<const T: usize>(
             }
             let dv = halves_pair(p0, p1);
             let dminv = halves_pair(p0.add(Q4_K_DMIN), p1.add(Q4_K_DMIN));
-            // The mins widened once for every row; `vpdpwssd` adds the
-            // exact i16 · i16 pair products into i32 as `vpmaddwd` +
-            // `vpaddd` did, in one instruction.
-            let mins: [__m512i; 4] = std::array::from_fn(|p| {
-                _mm512_cvtepu8_epi16(_mm256_set_m128i(
-                    _mm_loadu_si128(p1.add(Q4_K_MIN + 16 * p) as *const __m128i),
-                    _mm_loadu_si128(p0.add(Q4_K_MIN + 16 * p) as *const __m128i),
-                ))
-            });
             for t in 0..T {
                 let a = rows[t].get_unchecked(b);
                 let mut msum = _mm512_setzero_si512();
                 for p in 0..4 {
-                    msum = _mm512_dpwssd_epi32(msum, mins[p], bcast_pair(&a.bsums32, 2 * p));
+                    let m = _mm512_cvtepu8_epi16(_mm256_set_m128i(
+                        _mm_loadu_si128(p1.add(Q4_K_MIN + 16 * p) as *const __m128i),
+                        _mm_loadu_si128(p0.add(Q4_K_MIN + 16 * p) as *const __m128i),
+                    ));
+                    msum =
+                        _mm512_add_epi32(msum, _mm512_madd_epi16(m, bcast_pair(&a.bsums32, 2 * p)));
                 }
                 let da = _mm512_set1_ps(a.d);
                 acc[t] =
@@ -310,22 +306,20 @@ unsafe fn q6_k_pair<const T: usize>(
                 }
             }
             let dv = halves_pair(p0, p1);
-            // Pairs of sub-block scales widened once for every row.
-            let scs: [__m512i; 8] = std::array::from_fn(|p| {
-                let pair = |base: *const u8| {
-                    _mm_unpacklo_epi8(
-                        _mm_loadl_epi64(base.add(Q6_K_SC + 8 * (2 * p)) as *const __m128i),
-                        _mm_loadl_epi64(base.add(Q6_K_SC + 8 * (2 * p + 1)) as *const __m128i),
-                    )
-                };
-                _mm512_cvtepi8_epi16(_mm256_set_m128i(pair(p1), pair(p0)))
-            });
             for t in 0..T {
                 let a = rows[t].get_unchecked(b);
                 // The −32 offset of every value: −32 · Σ_s sc_s · Σ a over s.
                 let mut corr = _mm512_setzero_si512();
                 for p in 0..8 {
-                    corr = _mm512_dpwssd_epi32(corr, scs[p], bcast_pair(&a.bsums, 2 * p));
+                    let pair = |base: *const u8| {
+                        _mm_unpacklo_epi8(
+                            _mm_loadl_epi64(base.add(Q6_K_SC + 8 * (2 * p)) as *const __m128i),
+                            _mm_loadl_epi64(base.add(Q6_K_SC + 8 * (2 * p + 1)) as *const __m128i),
+                        )
+                    };
+                    let sc = _mm512_cvtepi8_epi16(_mm256_set_m128i(pair(p1), pair(p0)));
+                    corr =
+                        _mm512_add_epi32(corr, _mm512_madd_epi16(sc, bcast_pair(&a.bsums, 2 * p)));
                 }
                 let v = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(corr, 5));
                 let scale = _mm512_mul_ps(dv, _mm512_set1_ps(a.d));
