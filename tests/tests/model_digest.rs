@@ -9,7 +9,6 @@ use std::path::Path;
 use std::process::Output;
 
 use sha2::{Digest, Sha256};
-use specmesh_e2e::binary;
 use specmesh_e2e::model_path;
 use specmesh_e2e::service::{Service, run_to_exit};
 
