@@ -18,6 +18,8 @@
 #                     is rebuilt with this CPU's instruction sets named one by
 #                     one, AMX left out ("explicit, no AMX"), and checked
 #                     again; BUILD_INFO records which build it is and why.
+#   no-amx            that rebuild directly: this CPU's instruction sets named,
+#                     AMX left out (default dir ~/.cache/specmesh/peer-no-amx).
 #   avx2              AVX2, FMA, F16C and BMI2 only: the peer of an AVX2-only
 #                     host, beside `specmesh ... --isa avx2` (default dir
 #                     ~/.cache/specmesh/peer-avx2).
@@ -29,9 +31,9 @@
 # SmolLM2-135M on this machine class when it left out instruction sets.
 #
 # Env:
-#   PEER_ISA                     native (default) or avx2
+#   PEER_ISA                     native (default), no-amx or avx2
 #   SPECMESH_PEER_DIR            where the build lives (default ~/.cache/specmesh/peer,
-#                                ~/.cache/specmesh/peer-avx2 for PEER_ISA=avx2)
+#                                ~/.cache/specmesh/peer-$PEER_ISA for the others)
 #   SPECMESH_PEER_CHECK_MODEL    the GGUF the check runs (default: SmolLM2-135M,
 #                                fetched with `specmesh model fetch`)
 #   LLAMA_CPP_PYTHON_VERSION     which vendored llama.cpp (default 0.3.36)
@@ -45,8 +47,8 @@ version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 kind="${PEER_ISA:-native}"
 case "$kind" in
   native) dir="${SPECMESH_PEER_DIR:-$HOME/.cache/specmesh/peer}" ;;
-  avx2) dir="${SPECMESH_PEER_DIR:-$HOME/.cache/specmesh/peer-avx2}" ;;
-  *) echo "PEER_ISA=$kind: use native or avx2" >&2; exit 2 ;;
+  no-amx | avx2) dir="${SPECMESH_PEER_DIR:-$HOME/.cache/specmesh/peer-$kind}" ;;
+  *) echo "PEER_ISA=$kind: use native, no-amx or avx2" >&2; exit 2 ;;
 esac
 python="${PYTHON:-python3}"
 jobs="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
@@ -179,6 +181,18 @@ case "$kind" in
       isas="$(tr ' ' '\n' <<<"$options" | grep -oE 'GGML_[A-Z0-9_]+=ON' | sed 's/=ON//; s/GGML_//' \
         | grep -v NATIVE | tr '\n' ' ')"
     fi
+    ;;
+  no-amx)
+    options="$(explicit_options no-amx)"
+    # shellcheck disable=SC2086
+    compile $options
+    if ! why="$(check)"; then
+      echo "the build without AMX failed its check: $why" >&2
+      exit 1
+    fi
+    build_kind="explicit, no AMX"
+    isas="$(tr ' ' '\n' <<<"$options" | grep -oE 'GGML_[A-Z0-9_]+=ON' | sed 's/=ON//; s/GGML_//' \
+      | tr '\n' ' ')"
     ;;
   avx2)
     options="$(explicit_options avx2)"
