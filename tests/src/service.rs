@@ -178,12 +178,20 @@ pub fn run_to_exit(wrapper: &[String], name: &str, args: &[&str]) -> Output {
         .spawn()
         .unwrap();
     let pid = child.id();
+    // The watchdog kills the child only while it has not been waited for
+    // (so the pid is still ours): told it exited, it returns at once.
+    let (exited, watch) = std::sync::mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs(60));
-        // SAFETY: kill(2) on our own child, should it still run.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        if watch
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .is_err()
+        {
+            // SAFETY: kill(2) on our own child, not yet reaped.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
     });
     let out = child.wait_with_output().unwrap();
-    drop(watchdog);
+    let _ = exited.send(());
+    watchdog.join().unwrap();
     out
 }

@@ -1,7 +1,8 @@
 //! `--isa` pins the kernels' instruction set: `specmesh up --isa avx2`
-//! passes it to every verifier (and `--draft-model-isa` to drafters with a
-//! model), the pinned mesh answers exactly as `specmesh generate --local
-//! --isa avx2` does, and a name the services do not know, or an instruction
+//! passes it to every verifier, which loads its model on those kernels (it
+//! says which when it starts), and as `--draft-model-isa` to drafters with a
+//! model; the pinned mesh answers exactly as `specmesh generate --local
+//! --isa avx2` does; and a name the services do not know, or an instruction
 //! set this CPU lacks, is refused at start with a message that says so.
 
 use std::process::Output;
@@ -63,14 +64,32 @@ async fn a_mesh_pinned_to_avx2_answers_as_the_avx2_kernels_do_in_process() {
         eprintln!("skipped: this CPU has no AVX2 and FMA, the instruction set pinned here");
         return;
     }
-    let mesh = Mesh::start_with_args(&["--isa", "avx2"], &[]);
+    let model = model_path();
+    let mesh = Mesh::start_with_args(
+        &["--isa", "avx2", "--draft-model", model.to_str().unwrap()],
+        &[],
+    );
     let verifiers = mesh.of("specmesh-verifier");
     assert!(!verifiers.is_empty(), "{:?}", mesh.startup);
-    for v in &verifiers {
-        let args = cmdline(v.pid);
+    // Each verifier says which kernels its model loaded on, and they are
+    // the pinned ones, not this CPU's best.
+    let loaded: Vec<&String> = mesh
+        .startup
+        .iter()
+        .filter(|l| l.starts_with("specmesh-verifier: model "))
+        .collect();
+    assert_eq!(loaded.len(), verifiers.len(), "{:?}", mesh.startup);
+    for line in loaded {
+        assert!(line.contains("(avx2 kernels)"), "{line}");
+    }
+    let drafters = mesh.of("specmesh-drafter");
+    assert!(!drafters.is_empty(), "{:?}", mesh.startup);
+    for d in &drafters {
+        let args = cmdline(d.pid);
         assert!(
-            args.windows(2).any(|w| w[0] == "--isa" && w[1] == "avx2"),
-            "a verifier runs without `--isa avx2`: {args:?}"
+            args.windows(2)
+                .any(|w| w[0] == "--draft-model-isa" && w[1] == "avx2"),
+            "a drafter drafts without `--draft-model-isa avx2`: {args:?}"
         );
     }
     let mut client = mesh.client().await;

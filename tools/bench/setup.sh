@@ -130,10 +130,11 @@ compile() {
 # Runs the built binaries once: llama-bench decodes 4 tokens, llama-server
 # answers one completion. Prints why on failure.
 check() {
-  local bin="$build/bin" log="$build/check.log" port pid ok=1
-  if ! timeout 120 "$bin/llama-bench" -m "$check_model" -t "$jobs" -p 0 -n 4 -r 1 -o json \
-      >"$log" 2>&1; then
-    echo "llama-bench failed (exit $?): $(tail -n3 "$log" | tr '\n' ' ')"
+  local bin="$build/bin" log="$build/check.log" port pid ok=1 rc=0 reply
+  timeout 120 "$bin/llama-bench" -m "$check_model" -t "$jobs" -p 0 -n 4 -r 1 -o json \
+    >"$log" 2>&1 || rc=$?
+  if ((rc != 0)); then
+    echo "llama-bench failed (exit $rc): $(tail -n3 "$log" | tr '\n' ' ')"
     return 1
   fi
   port="$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
@@ -142,9 +143,12 @@ check() {
   pid=$!
   for _ in $(seq 1 120); do
     if ! kill -0 "$pid" 2>/dev/null; then break; fi
-    if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
-      if curl -sf --max-time 60 "http://127.0.0.1:$port/completion" \
-          -d '{"prompt": "def add(a, b):", "n_predict": 4}' | grep -q '"content"'; then
+    if curl -sf --max-time 5 "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
+      # The whole answer first: `grep -q` in a pipe could stop reading
+      # early and fail curl, under pipefail, on a build that works.
+      if reply="$(curl -sf --max-time 60 "http://127.0.0.1:$port/completion" \
+          -d '{"prompt": "def add(a, b):", "n_predict": 4}')" \
+          && grep -q '"content"' <<<"$reply"; then
         ok=0
       fi
       break
@@ -166,7 +170,8 @@ case "$kind" in
     if why="$(check)"; then
       build_kind="native (-DGGML_NATIVE=ON)"
       isas="$(echo | cc -march=native -dM -E - 2>/dev/null \
-        | grep -oE '__(AVX[A-Z0-9_]*|FMA|F16C|BMI2|AMX_[A-Z0-9]+)__' | tr -d _ | sort -u | tr '\n' ' ')"
+        | grep -oE '__(AVX[A-Z0-9_]*|FMA|F16C|BMI2|AMX_[A-Z0-9]+)__' | tr -d _ | sort -u | tr '\n' ' ' \
+        || echo "unknown (cc -march=native printed none)")"
     else
       echo "the native build failed its check: $why" >&2
       echo "rebuilding with this CPU's instruction sets named, AMX left out" >&2
@@ -179,7 +184,7 @@ case "$kind" in
       fi
       build_kind="explicit, no AMX (the native build failed its check: $why)"
       isas="$(tr ' ' '\n' <<<"$options" | grep -oE 'GGML_[A-Z0-9_]+=ON' | sed 's/=ON//; s/GGML_//' \
-        | grep -v NATIVE | tr '\n' ' ')"
+        | grep -v NATIVE | tr '\n' ' ' || true)"
     fi
     ;;
   no-amx)
@@ -192,7 +197,7 @@ case "$kind" in
     fi
     build_kind="explicit, no AMX"
     isas="$(tr ' ' '\n' <<<"$options" | grep -oE 'GGML_[A-Z0-9_]+=ON' | sed 's/=ON//; s/GGML_//' \
-      | tr '\n' ' ')"
+      | tr '\n' ' ' || true)"
     ;;
   avx2)
     options="$(explicit_options avx2)"
@@ -204,7 +209,7 @@ case "$kind" in
     fi
     build_kind="explicit, AVX2 only"
     isas="$(tr ' ' '\n' <<<"$options" | grep -oE 'GGML_[A-Z0-9_]+=ON' | sed 's/=ON//; s/GGML_//' \
-      | tr '\n' ' ')"
+      | tr '\n' ' ' || true)"
     ;;
 esac
 

@@ -96,12 +96,13 @@ unsafe fn scales_i8(a: *const u8, b: *const u8) -> __m512i {
     }
 }
 
-/// How many super-blocks ahead of `b` the pair kernels ask for the weights
-/// of each of their two groups (see [`prefetch_slice`]): each call reads two
-/// streams that end every `nsb` super-blocks, and a thread's next call starts
-/// two groups further on, so once this group's run out the requests go to
-/// the same super-block of the next pair's group, not past the end of this
-/// one.
+/// The offset, in group-blocks from super-block `b` of one of the pair's
+/// groups, of the weights the pair kernels ask for (see
+/// [`prefetch_slice`]): [`PREFETCH_AHEAD`] super-blocks on while the group
+/// lasts, then the same super-block of the group two on, which is where the
+/// thread's next call reads (the next pair) when all activation rows fit
+/// one call (k ≤ 8); with more rows the next call is the same pair's, and
+/// those requests are early by one call.
 #[inline(always)]
 fn pair_ahead(b: usize, nsb: usize) -> usize {
     if b + PREFETCH_AHEAD < nsb {

@@ -133,7 +133,8 @@ unsafe fn q4_k_group<const T: usize>(
             let mut isum = [_mm256_setzero_si256(); T];
             for s in 0..8 {
                 // A thread's groups are contiguous: past this group's end
-                // the requests are for its next group.
+                // the requests are for its next group, the next call's when
+                // all rows fit one call (k ≤ 4).
                 prefetch_slice::<Q4_K_GBB>(gb, PREFETCH_AHEAD, s);
                 let sc = row_scales_u8(gb.add(Q4_K_SC + 8 * s));
                 let mut s16 = [_mm256_setzero_si256(); T];

@@ -81,10 +81,11 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
         tokio::task::spawn_blocking(move || load(&model_path, threads, isa)).await??;
     let memory = specmesh_model::process::memory_line(model.weight_bytes());
     println!(
-        "specmesh-verifier: model {} loaded: {memory}",
-        config.model.display()
+        "specmesh-verifier: model {} loaded ({} kernels): {memory}",
+        config.model.display(),
+        model.isa()
     );
-    tracing::info!(model = %config.model.display(), %memory, "model loaded");
+    tracing::info!(model = %config.model.display(), %memory, isa = %model.isa(), "model loaded");
     let model = Arc::new(model);
     // The curve's own k = 1 measurement is the plain step; a given curve
     // still needs the step timed (a few one-token forwards).
