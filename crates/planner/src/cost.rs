@@ -108,7 +108,19 @@ impl StepModel {
         let ratio = (seconds / predicted).clamp(1.0 / MAX_SURPRISE, MAX_SURPRISE);
         let n = tokens.max(1);
         match BUCKETS.iter().position(|&k| k >= n) {
-            Some(0) => self.secs[0] *= 1.0 + EMA * (ratio - 1.0),
+            // A one-token forward measures the machine's speed now (other
+            // load, the clock), which moves every forward alike: the whole
+            // curve scales, its shape kept. Were the larger buckets only
+            // raised with it (below) and never lowered, a few seconds of a
+            // neighbour's load would leave them high after it ended; the
+            // planner would then grant no nodes, no larger forward would
+            // run to correct them, and speculation would stay off.
+            Some(0) => {
+                let f = 1.0 + EMA * (ratio - 1.0);
+                for s in &mut self.secs {
+                    *s *= f;
+                }
+            }
             Some(i) => {
                 let (k0, k1) = (BUCKETS[i - 1] as f64, BUCKETS[i] as f64);
                 let w = (n as f64 - k0) / (k1 - k0);
@@ -210,6 +222,26 @@ mod tests {
         let (a, b) = (m.forward(4), m.forward(8));
         m.observe(6, 1.0);
         assert!(m.forward(4) > a && m.forward(8) > b);
+    }
+
+    #[test]
+    fn a_passing_slowdown_of_one_token_steps_leaves_no_trace() {
+        // A neighbour's load makes the one-token forwards 3x slower for a
+        // while, then it ends; no larger forward runs meanwhile (the
+        // planner grants nothing it thinks too dear). The curve must come
+        // back, not keep its larger buckets where the slowdown raised them.
+        let mut m = model();
+        let prior: Vec<f64> = m.points().map(|p| p.1).collect();
+        for _ in 0..100 {
+            m.observe(1, 0.03);
+        }
+        assert!(m.forward(8) > 1.3 * prior[3], "the slowdown is seen");
+        for _ in 0..200 {
+            m.observe(1, 0.01);
+        }
+        for (now, was) in m.points().map(|p| p.1).zip(&prior) {
+            assert!((now / was - 1.0).abs() < 0.01, "{now} against {was}");
+        }
     }
 
     #[test]
