@@ -6,13 +6,6 @@
 use specmesh_e2e::mesh::{Mesh, chat_request, without_speculation};
 use specmesh_proto::v1;
 
-/// The two tests take turns: each starts its own mesh on the same two
-/// cores, and a verifier that measures its steps while the other mesh loads
-/// its model sees speculating cost far more than it does, and rightly
-/// stops speculating for a while; the first test could then not tell a
-/// prediction that is not drafted from one that does not pay.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// A verify cost that barely grows, so sessions draft whenever they can.
 const FLAT_CURVE: &str = "1:1,2:1.01,4:1.02,8:1.04,16:1.08,32:1.16,64:1.32";
 
@@ -39,7 +32,6 @@ fn edited(text: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prediction_changes_no_output_and_is_accepted_where_it_holds() {
-    let _turn = SERIAL.lock().await;
     let mesh = Mesh::start_with(1, 1, &[("SPECMESH_VERIFIER_COST_CURVE", FLAT_CURVE)]);
     let mut client = mesh.client().await;
     let plain = client
@@ -135,7 +127,6 @@ async fn a_prediction_changes_no_output_and_is_accepted_where_it_holds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prediction_longer_than_the_context_is_refused_by_name() {
-    let _turn = SERIAL.lock().await;
     let mesh = Mesh::start();
     let mut client = mesh.client().await;
     let status = client
