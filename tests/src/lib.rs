@@ -85,8 +85,18 @@ pub use specmesh_testing::model_path;
 /// `text` on `model` (a path or a catalog name): plain decoding, the
 /// reference a speculative output must equal.
 pub fn local_greedy(model: &OsStr, text: &str, max_new_tokens: u32) -> Vec<u32> {
+    local_greedy_with(model, text, max_new_tokens, &[])
+}
+
+/// [`local_greedy`] with more `specmesh generate` flags (`--isa avx2`).
+pub fn local_greedy_with(
+    model: &OsStr,
+    text: &str,
+    max_new_tokens: u32,
+    flags: &[&str],
+) -> Vec<u32> {
     let max = max_new_tokens.to_string();
-    let out = run([
+    let mut args: Vec<&OsStr> = vec![
         "generate".as_ref(),
         "--local".as_ref(),
         "--chat".as_ref(),
@@ -97,8 +107,10 @@ pub fn local_greedy(model: &OsStr, text: &str, max_new_tokens: u32) -> Vec<u32> 
         OsStr::new(&max),
         "--model".as_ref(),
         model,
-        text.as_ref(),
-    ]);
+    ];
+    args.extend(flags.iter().map(OsStr::new));
+    args.push(text.as_ref());
+    let out = run(args);
     let v: serde_json::Value = serde_json::from_str(stdout_ok(&out).trim()).expect("JSON output");
     v["token_ids"]
         .as_array()

@@ -8,8 +8,8 @@
 use std::process::Output;
 
 use specmesh_e2e::mesh::{Mesh, chat_request};
+use specmesh_e2e::model_path;
 use specmesh_e2e::service::run_to_exit;
-use specmesh_e2e::{model_path, run, stdout_ok};
 
 const MAX_NEW: u32 = 32;
 
@@ -32,30 +32,7 @@ fn cmdline(pid: u32) -> Vec<String> {
 }
 
 fn local_greedy_on(isa: &str, text: &str) -> Vec<u32> {
-    let max = MAX_NEW.to_string();
-    let model = model_path();
-    let out = run([
-        "generate",
-        "--local",
-        "--chat",
-        "--json",
-        "--threads",
-        "2",
-        "--isa",
-        isa,
-        "--max-new-tokens",
-        &max,
-        "--model",
-        model.to_str().unwrap(),
-        text,
-    ]);
-    let v: serde_json::Value = serde_json::from_str(stdout_ok(&out).trim()).expect("JSON output");
-    v["token_ids"]
-        .as_array()
-        .expect("token_ids")
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect()
+    specmesh_e2e::local_greedy_with(model_path().as_os_str(), text, MAX_NEW, &["--isa", isa])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -164,6 +164,21 @@ check() {
   fi
 }
 
+# Builds with the instruction sets of `explicit_options $1` named and
+# checks the result (exits naming `$2` when the check fails); sets `isas`.
+explicit_build() {
+  local options why
+  options="$(explicit_options "$1")"
+  # shellcheck disable=SC2086
+  compile $options
+  if ! why="$(check)"; then
+    echo "the $2 build failed its check: $why" >&2
+    exit 1
+  fi
+  isas="$(tr ' ' '\n' <<<"$options" | grep -oE 'GGML_[A-Z0-9_]+=ON' | sed 's/=ON//; s/GGML_//' \
+    | grep -v NATIVE | tr '\n' ' ' || true)"
+}
+
 case "$kind" in
   native)
     compile -DGGML_NATIVE=ON
@@ -175,41 +190,17 @@ case "$kind" in
     else
       echo "the native build failed its check: $why" >&2
       echo "rebuilding with this CPU's instruction sets named, AMX left out" >&2
-      options="$(explicit_options no-amx)"
-      # shellcheck disable=SC2086
-      compile $options
-      if ! why2="$(check)"; then
-        echo "the build without AMX failed its check too: $why2" >&2
-        exit 1
-      fi
+      explicit_build no-amx "no-AMX"
       build_kind="explicit, no AMX (the native build failed its check: $why)"
-      isas="$(tr ' ' '\n' <<<"$options" | grep -oE 'GGML_[A-Z0-9_]+=ON' | sed 's/=ON//; s/GGML_//' \
-        | grep -v NATIVE | tr '\n' ' ' || true)"
     fi
     ;;
   no-amx)
-    options="$(explicit_options no-amx)"
-    # shellcheck disable=SC2086
-    compile $options
-    if ! why="$(check)"; then
-      echo "the build without AMX failed its check: $why" >&2
-      exit 1
-    fi
+    explicit_build no-amx "no-AMX"
     build_kind="explicit, no AMX"
-    isas="$(tr ' ' '\n' <<<"$options" | grep -oE 'GGML_[A-Z0-9_]+=ON' | sed 's/=ON//; s/GGML_//' \
-      | tr '\n' ' ' || true)"
     ;;
   avx2)
-    options="$(explicit_options avx2)"
-    # shellcheck disable=SC2086
-    compile $options
-    if ! why="$(check)"; then
-      echo "the AVX2 build failed its check: $why" >&2
-      exit 1
-    fi
+    explicit_build avx2 "AVX2"
     build_kind="explicit, AVX2 only"
-    isas="$(tr ' ' '\n' <<<"$options" | grep -oE 'GGML_[A-Z0-9_]+=ON' | sed 's/=ON//; s/GGML_//' \
-      | tr '\n' ' ' || true)"
     ;;
 esac
 
