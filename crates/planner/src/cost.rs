@@ -6,9 +6,10 @@
 //! is the verifier's start-up calibration (its one-token step and cost
 //! curve); every measured forward then moves the two buckets around its
 //! size towards what it took, each by its share of the interpolation, as an
-//! exponential moving average. So the model follows this machine's real
-//! step times (other load, a hotter cache, longer contexts) instead of one
-//! measurement at start.
+//! exponential moving average, except a one-token forward, which scales the
+//! whole curve (it measures the machine's speed, not the curve's shape). So
+//! the model follows this machine's real step times (other load, a hotter
+//! cache, longer contexts) instead of one measurement at start.
 
 use crate::PlanError;
 
