@@ -61,6 +61,8 @@ pub struct Args {
 struct Report {
     model: String,
     isa: String,
+    /// The ISA and, on AMX, which calls take tiles (`Model::kernels`).
+    kernels: String,
     threads: usize,
     compiled_features: Vec<&'static str>,
     weight_mb: f64,
@@ -144,9 +146,9 @@ pub fn run(args: Args) -> Result<()> {
     );
     let resident = specmesh_model::process::resident_bytes();
     eprintln!(
-        "model {} | isa {} | threads {} | compiled for {:?} | {}",
+        "model {} | kernels {} | threads {} | compiled for {:?} | {}",
         path.display(),
-        model.isa(),
+        model.kernels(),
         model.threads(),
         compiled_features(),
         specmesh_model::process::memory_line(model.weight_bytes())
@@ -251,6 +253,7 @@ pub fn run(args: Args) -> Result<()> {
     let report = Report {
         model: path.display().to_string(),
         isa: model.isa().to_string(),
+        kernels: model.kernels(),
         threads: model.threads(),
         compiled_features: compiled_features(),
         weight_mb: model.weight_bytes() as f64 / 1e6,

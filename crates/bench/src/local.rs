@@ -20,7 +20,7 @@ pub struct ModelArgs {
     /// Compute threads (default: all cores).
     #[arg(long, env = "SPECMESH_THREADS")]
     pub threads: Option<usize>,
-    /// Kernel instruction set: scalar, avx2, avx-vnni, avx512-vnni, amx-int8 (opt-in) (default: the best of the others).
+    /// Kernel instruction set: scalar, avx2, avx-vnni, avx512-vnni, amx-int8 (default: the fastest this CPU has).
     #[arg(long, env = "SPECMESH_ISA")]
     pub isa: Option<Isa>,
 }

@@ -16,9 +16,10 @@ pub enum Isa {
     AvxVnni,
     /// 256-bit `vpdpbusd` from AVX-512 VNNI + VL (Cascade Lake, Ice Lake, Zen 4).
     Avx512Vnni,
-    /// AVX-512 VNNI, plus AMX-INT8 tiles for calls of several activation
-    /// rows (Sapphire Rapids and later). Bit-identical to `Avx512Vnni`.
-    /// Opt-in only: measured here it is no faster (docs/performance.md, "Build flags").
+    /// AVX-512 VNNI, plus AMX-INT8 tile kernels for the (format, rows per
+    /// call) where a measurement at first use found them faster
+    /// ([`crate::tile_plan`]); Sapphire Rapids and later. Bit-identical to
+    /// `Avx512Vnni`.
     AmxInt8,
 }
 
@@ -31,9 +32,9 @@ impl Isa {
         Isa::AmxInt8,
     ];
 
-    /// The fastest instruction set this CPU supports (AMX is opt-in).
+    /// The fastest instruction set this CPU supports.
     pub fn detect() -> Isa {
-        [Isa::Avx512Vnni, Isa::AvxVnni, Isa::Avx2]
+        [Isa::AmxInt8, Isa::Avx512Vnni, Isa::AvxVnni, Isa::Avx2]
             .into_iter()
             .find(|isa| isa.supported())
             .unwrap_or(Isa::Scalar)

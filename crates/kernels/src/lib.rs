@@ -16,7 +16,9 @@
 //!
 //! The instruction set is chosen once at run time ([`Isa::detect`]): AVX-512
 //! VNNI or AVX-VNNI `vpdpbusd`, else AVX2 `vpmaddubsw`, else portable scalar
-//! code; AMX-INT8 tiles are opt-in ([`Isa::AmxInt8`]). All integer paths
+//! code; where AMX-INT8 runs ([`Isa::AmxInt8`]), tile kernels take the
+//! calls a measurement at first use found them faster for ([`tile_plan`]).
+//! All integer paths
 //! produce identical integer dot products; only the
 //! float accumulation order differs between ISAs (never between calls).
 //! Attention's loops follow the same choice ([`attn::AttnKernel::select`]):
@@ -33,12 +35,17 @@ mod packed;
 #[cfg(target_arch = "x86_64")]
 mod packed_amx;
 #[cfg(target_arch = "x86_64")]
+mod packed_amx_kquant;
+#[cfg(target_arch = "x86_64")]
 mod packed_kquant_512;
 #[cfg(target_arch = "x86_64")]
 mod packed_kquant_x86;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86;
 mod threads;
+mod tile_plan;
+#[cfg(target_arch = "x86_64")]
+mod tiles;
 pub mod vec;
 
 pub use act::{BlockQ8, BlockQ8K, QuantizedRows};
@@ -46,3 +53,4 @@ pub use format::{BLOCK, QFormat, SUPER_BLOCK, WeightLayoutError};
 pub use isa::{Isa, UnknownIsa};
 pub use matmul::{QMatrix, Weights};
 pub use threads::ThreadPool;
+pub use tile_plan::{FormatPlan, RowSet, TilePlan, tile_plan};

@@ -11,7 +11,9 @@ use crate::format::{QFormat, WeightLayoutError};
 use crate::isa::Isa;
 use crate::packed;
 use crate::threads::ThreadPool;
+use crate::tile_plan::TileCalls;
 use crate::vec;
+use std::ops::Range;
 
 /// Storage of a weight matrix.
 #[derive(Clone, Debug)]
@@ -45,9 +47,6 @@ enum Storage {
     },
     F32(Vec<f32>),
 }
-
-/// Rows per call from which `Isa::AmxInt8` uses tiles.
-const AMX_MIN_ROWS: usize = 2;
 
 /// Output pointer shared by the threads of one matmul; each writes a
 /// disjoint set of columns.
@@ -228,6 +227,27 @@ impl QMatrix {
         isa: Isa,
         pool: &ThreadPool,
     ) {
+        let tiles = match self.format() {
+            Some(format) if isa == Isa::AmxInt8 => {
+                TileCalls::hardware(format, crate::tile_plan::tile_plan().rows(format))
+            }
+            _ => TileCalls::NONE,
+        };
+        self.forward_tiled(x, scratch, out, isa, tiles, pool);
+    }
+
+    /// [`QMatrix::forward`] with the calls `tiles` names on its tile kernel
+    /// (packed formats), whatever the measured plan says: for the plan's
+    /// own measurement and the tests.
+    pub(crate) fn forward_tiled(
+        &self,
+        x: &[f32],
+        scratch: &mut QuantizedRows,
+        out: &mut [f32],
+        isa: Isa,
+        tiles: TileCalls,
+        pool: &ThreadPool,
+    ) {
         assert_eq!(
             x.len() % self.cols,
             0,
@@ -243,13 +263,13 @@ impl QMatrix {
         let n = self.rows;
         let optr = OutPtr(out.as_mut_ptr());
         match &self.storage {
-            Storage::Packed { format, data } => {
+            Storage::Packed { format, .. } => {
                 if format.super_block_activations() {
                     scratch.quantize_k(x, self.cols);
                 } else {
                     scratch.quantize(x, self.cols);
                 }
-                self.forward_packed(*format, data, scratch, out, isa, pool);
+                self.forward_packed(scratch, out, isa, tiles, pool);
             }
             Storage::Rows { format, data } => {
                 scratch.quantize(x, self.cols);
@@ -302,15 +322,21 @@ impl QMatrix {
 }
 
 impl QMatrix {
+    /// The packed kernels. `tiles`: the calls (by activation rows) that go
+    /// to a tile kernel; other rows take the VNNI / AVX2 kernels, whose
+    /// results are the same bits.
     fn forward_packed(
         &self,
-        format: QFormat,
-        data: &[u8],
         acts: &QuantizedRows,
         out: &mut [f32],
         isa: Isa,
+        tiles: TileCalls,
         pool: &ThreadPool,
     ) {
+        let Storage::Packed { format, data } = &self.storage else {
+            unreachable!("forward_packed on a matrix that is not packed")
+        };
+        let (format, data) = (*format, data.as_slice());
         let (n, k, nb) = (self.rows, acts.rows(), self.cols / format.block_len());
         let optr = OutPtr(out.as_mut_ptr());
         #[cfg(target_arch = "x86_64")]
@@ -326,45 +352,31 @@ impl QMatrix {
             Some(f) => (Some(f), crate::packed_kquant_512::MIN_ROWS),
             None => (crate::packed_x86::pair_fn(isa, format), 1),
         };
-        // AMX tiles take over for calls of several rows; fewer rows than
-        // that gain nothing over VNNI (the step is bound by weight reads).
         #[cfg(target_arch = "x86_64")]
-        let amx = if isa == Isa::AmxInt8 && k >= AMX_MIN_ROWS {
-            crate::packed_amx::pairs_fn(format)
+        let amx = tiles.kernel.filter(|_| !tiles.rows.is_empty());
+        #[cfg(not(target_arch = "x86_64"))]
+        let amx: Option<fn()> = None;
+        // Rows go in chunks of a tile call's rows when tiles may take some,
+        // else all at once (each pair of groups then meets every row while
+        // its weights are in cache).
+        let chunk = if amx.is_some() {
+            crate::tile_plan::RowSet::MAX_ROWS
         } else {
-            None
+            k
         };
         let cols = self.cols;
-        pool.for_ranges(n.div_ceil(packed::GROUP), &|groups| {
+        // Groups `gs` against rows `rows` on the VNNI / AVX2 / portable
+        // kernels.
+        let vnni = |gs: Range<usize>, rows: Range<usize>| {
             let mut tmp = [[[0.0f32; packed::GROUP]; 8]; 2];
-            let mut g = groups.start;
-            #[cfg(target_arch = "x86_64")]
-            if let Some(tiles) = amx {
-                // All pairs of this thread's groups on tiles; an odd last
-                // group goes to the VNNI loop below.
-                let pairs = (groups.end - groups.start) / 2;
-                let mut r = 0;
-                while r < k {
-                    let t = (k - r).min(crate::packed_amx::MAX_T);
-                    let mut emit = |g: usize, res: &crate::packed_amx::PairOut| {
-                        // SAFETY: as below.
-                        unsafe { scatter(optr, n, g, res, r, t) }
-                    };
-                    // SAFETY: groups g..g + 2 · pairs exist in `data` (packed,
-                    // `nb` blocks per row), rows r..r + t exist in `acts`, and
-                    // `amx` is only chosen when `Isa::AmxInt8` is supported.
-                    unsafe { tiles(data, nb, g, pairs, acts, r, t, &mut emit) };
-                    r += t;
-                }
-                g += 2 * pairs;
-            }
-            while g < groups.end {
+            let mut g = gs.start;
+            while g < gs.end {
                 // Two groups per call where a 512-bit kernel exists; its lanes
                 // compute exactly what two single-group calls would.
                 let span = {
                     #[cfg(target_arch = "x86_64")]
                     {
-                        if pair.is_some() && g + 1 < groups.end {
+                        if pair.is_some() && g + 1 < gs.end {
                             2
                         } else {
                             1
@@ -375,10 +387,10 @@ impl QMatrix {
                         1
                     }
                 };
-                let mut r = 0;
-                while r < k {
+                let mut r = rows.start;
+                while r < rows.end {
                     // The 512-bit pair kernels have registers for 8 rows.
-                    let t = (k - r).min(8);
+                    let t = (rows.end - r).min(8);
                     #[cfg(target_arch = "x86_64")]
                     if span == 2 && t >= pair_min_rows {
                         // SAFETY: `data` is this matrix's packed storage with
@@ -412,6 +424,31 @@ impl QMatrix {
                     r += t;
                 }
                 g += span;
+            }
+        };
+        pool.for_ranges(n.div_ceil(packed::GROUP), &|groups| {
+            let mut r = 0;
+            while r < k {
+                let t = (k - r).min(chunk);
+                let mut g = groups.start;
+                #[cfg(target_arch = "x86_64")]
+                if let Some(tiles_fn) = amx.filter(|_| tiles.rows.contains(t)) {
+                    // All pairs of this thread's groups on tiles; an odd
+                    // last group goes to the VNNI kernels below.
+                    let pairs = (groups.end - groups.start) / 2;
+                    let mut emit = |g: usize, res: &crate::packed_amx::PairOut| {
+                        // SAFETY: rows r..r + t < k and groups g, g + 1 of
+                        // `out` belong to this thread.
+                        unsafe { scatter(optr, n, g, res, r, t) }
+                    };
+                    // SAFETY: groups g..g + 2 · pairs exist in `data` (packed,
+                    // `nb` blocks per row), rows r..r + t exist in `acts`, and
+                    // the kernel may run on this CPU (`TileCalls`' invariant).
+                    unsafe { tiles_fn(data, nb, g, pairs, acts, r, t, &mut emit) };
+                    g += 2 * pairs;
+                }
+                vnni(g..groups.end, r..r + t);
+                r += t;
             }
         });
     }

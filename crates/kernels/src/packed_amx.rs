@@ -11,27 +11,28 @@
 //! bit-identical to the VNNI kernels', so the caller may use tiles for large
 //! k and VNNI for small k without breaking batch invariance.
 //!
-//! Why this is opt-in (`Isa::AmxInt8`): GGML scales every 32-input block, so
-//! each block's sums still need a float epilogue per (token, 16 rows), and
-//! that epilogue, not the dot products, bounds the kernel. Measured on this
-//! 2-core VM it runs no faster than VNNI (docs/performance.md, "Build flags").
+//! Whether it pays is measured, not assumed (`tile_plan`): GGML scales
+//! every 32-input block, so each block's sums still need a float epilogue
+//! per (token, 16 rows), and that epilogue, not the dot products, bounds
+//! the kernel; on one 2-core VM it ran no faster than VNNI at 8 rows and
+//! faster at 16 (docs/performance.md, "Build flags").
 //!
-//! Tiles (palette 1), two sets so consecutive blocks do not wait on each
-//! other's registers: tmm0 / tmm1 = activations (t rows × 32 i8), tmm2 /
-//! tmm3 = weights (8 rows of 4 inputs × 16 output rows), tmm4 / tmm5 = sums
-//! (t rows × 16 i32). Q4_1 nibbles are unpacked to one byte each and both
-//! formats' two groups interleaved per tile row.
+//! Tile operations go through `tiles::TileUnit` (the instructions, or their
+//! emulation in the tests); tile set s: activations tmm(s) (t rows × 32
+//! i8), weights tmm(2 + s) (8 rows of 4 inputs × 16 output rows), sums
+//! tmm(4 + s) (t rows × 16 i32). Q4_1 nibbles are unpacked to one byte each
+//! and both formats' two groups interleaved per tile row.
 
 // Tile loops index several parallel register arrays by the same counter.
 #![allow(clippy::needless_range_loop)]
 
-use std::arch::asm;
 use std::arch::x86_64::*;
 
 use crate::act::{BlockQ8, QuantizedRows};
 use crate::format::QFormat;
 use crate::packed::{GROUP, group_block_bytes};
 use crate::packed_x86::{halves_pair, store_pair};
+use crate::tiles::{TileConfig, TileUnit, Weights};
 
 /// Activation rows per tile call at most (a tile has 16 rows).
 pub(crate) const MAX_T: usize = 16;
@@ -59,34 +60,6 @@ pub(crate) type AmxPairsFn = unsafe fn(
     emit: &mut dyn FnMut(usize, &PairOut),
 );
 
-/// The 64-byte tile configuration for t activation rows: two sets of
-/// (activations tmm0/1: t × 32 i8, weights tmm2/3: 8 × 64, sums tmm4/5:
-/// t × 16 i32), so that consecutive blocks' products do not wait on each
-/// other's registers.
-#[repr(C, align(64))]
-struct TileConfig([u8; 64]);
-
-impl TileConfig {
-    fn new(t: usize) -> TileConfig {
-        let mut c = [0u8; 64];
-        c[0] = 1; // palette 1
-        // (tile, rows, bytes per row)
-        let tiles = [
-            (0, t, 32),
-            (1, t, 32),
-            (2, 8, 64),
-            (3, 8, 64),
-            (4, t, 64),
-            (5, t, 64),
-        ];
-        for (i, rows, colsb) in tiles {
-            c[16 + 2 * i..18 + 2 * i].copy_from_slice(&(colsb as u16).to_le_bytes());
-            c[48 + i] = rows as u8;
-        }
-        TileConfig(c)
-    }
-}
-
 /// Blocks per phase. A tile load right after the vector stores that wrote
 /// its data (or a vector load right after a tile store) waits for them to
 /// reach L1, so blocks go through in phases: all weight tiles of a chunk are
@@ -103,33 +76,6 @@ struct Scratch {
     /// Row t: the 8 sums of group g, then the 8 of group g + 1 (the lane
     /// layout of the VNNI pair kernels).
     sums: [[[i32; 2 * GROUP]; MAX_T]; CHUNK],
-}
-
-/// Starts the tile product of one block on tile set (`$ta`, `$tw`, `$tc`):
-/// loads the activations at `$a` (rows `$sa` bytes apart) and the weight
-/// tile at `$w`, and multiplies them into `$tc`.
-macro_rules! start_product {
-    ($op:literal, $ta:literal, $tw:literal, $tc:literal, $a:expr, $sa:expr, $w:expr) => {
-        asm!(
-            concat!("tileloadd tmm", $ta, ", [{a} + {sa}*1]"),
-            concat!("tileloadd tmm", $tw, ", [{w} + {s64}*1]"),
-            concat!("tilezero tmm", $tc),
-            concat!($op, " tmm", $tc, ", tmm", $ta, ", tmm", $tw),
-            a = in(reg) $a, sa = in(reg) $sa, w = in(reg) $w, s64 = in(reg) 64usize,
-            options(nostack, readonly),
-        )
-    };
-}
-
-/// Stores tile `$tc`'s t × 16 sums to `$c`.
-macro_rules! store_sums {
-    ($tc:literal, $c:expr) => {
-        asm!(
-            concat!("tilestored [{c} + {s64}*1], tmm", $tc),
-            c = in(reg) $c, s64 = in(reg) 64usize,
-            options(nostack),
-        )
-    };
 }
 
 /// Rows 2i and 2i + 1 of a weight tile from 64 bytes of each group: the
@@ -185,40 +131,35 @@ unsafe fn weight_tile<const Q4_1: bool>(p0: *const u8, p1: *const u8, dst: *mut 
 /// Starts the tile product of chunk-local block `i` on tile set i % 2.
 ///
 /// # Safety
-/// [`available`] must have returned true (AMX-INT8 present and enabled
-/// for this process), the caller's `ldtilecfg` must have configured the
-/// tiles for the t activation rows being read, `a` must point to t rows
-/// of 32 readable i8 values `a_stride` bytes apart, and `i < CHUNK` with
-/// `scratch.w[i]` holding the block's weight tile.
+/// `unit` may run (for [`crate::tiles::Amx`]: `Isa::AmxInt8` supported),
+/// it is configured for the t activation rows being read, `a` points to t
+/// rows of 32 readable i8 values `a_stride` bytes apart, and `i < CHUNK`
+/// with `scratch.w[i]` holding the block's weight tile.
 #[inline(always)]
-unsafe fn start<const Q4_1: bool>(a: *const i8, a_stride: usize, i: usize, scratch: &Scratch) {
-    unsafe {
-        let w = scratch.w[i].as_ptr();
-        match (i % 2, Q4_1) {
-            (0, true) => start_product!("tdpbsud", "0", "2", "4", a, a_stride, w),
-            (_, true) => start_product!("tdpbsud", "1", "3", "5", a, a_stride, w),
-            (0, false) => start_product!("tdpbssd", "0", "2", "4", a, a_stride, w),
-            (_, false) => start_product!("tdpbssd", "1", "3", "5", a, a_stride, w),
-        }
-    }
+unsafe fn start<U: TileUnit, const Q4_1: bool>(
+    unit: &mut U,
+    a: *const i8,
+    a_stride: usize,
+    i: usize,
+    scratch: &Scratch,
+) {
+    let weights = if Q4_1 {
+        Weights::Unsigned
+    } else {
+        Weights::Signed
+    };
+    unsafe { unit.product(i % 2, weights, a, a_stride, scratch.w[i].as_ptr()) }
 }
 
 /// Stores the sums of chunk-local block `i` from tile set i % 2.
 ///
 /// # Safety
-/// [`available`] must have returned true, the tiles must be configured
-/// (`ldtilecfg`) for at most `MAX_T` rows, and `i < CHUNK` (indexing
-/// `scratch.sums` is bounds-checked; the tile store writes t rows of 64
-/// bytes into that entry).
+/// As for [`start`]; `i < CHUNK` (indexing `scratch.sums` is
+/// bounds-checked; the tile store writes t rows of 64 bytes into that
+/// entry).
 #[inline(always)]
-unsafe fn store(i: usize, scratch: &mut Scratch) {
-    unsafe {
-        let c = scratch.sums[i].as_mut_ptr();
-        match i % 2 {
-            0 => store_sums!("4", c),
-            _ => store_sums!("5", c),
-        }
-    }
+unsafe fn store<U: TileUnit>(unit: &mut U, i: usize, scratch: &mut Scratch) {
+    unsafe { unit.store(i % 2, scratch.sums[i].as_mut_ptr() as *mut i32) }
 }
 
 /// The float epilogue of blocks c0..c0 + len, per lane exactly that of the
@@ -284,7 +225,8 @@ unsafe fn finish<const Q4_1: bool, const T: usize>(
 /// VNNI, BW and VL (implied by `available`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn pairs<const Q4_1: bool, const T: usize>(
+unsafe fn pairs<U: TileUnit, const Q4_1: bool, const T: usize>(
+    unit: &mut U,
     data: &[u8],
     nb: usize,
     g0: usize,
@@ -299,8 +241,7 @@ unsafe fn pairs<const Q4_1: bool, const T: usize>(
         group_block_bytes(QFormat::Q8_0)
     };
     unsafe {
-        let cfg = TileConfig::new(T);
-        asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
+        unit.configure(&TileConfig::new(T, 32));
         let mut scratch = Scratch {
             w: [[0; 512]; CHUNK],
             sums: [[[0; 2 * GROUP]; MAX_T]; CHUNK],
@@ -325,12 +266,12 @@ unsafe fn pairs<const Q4_1: bool, const T: usize>(
                 // are stored: two products in flight.
                 for i in 0..len {
                     let a = (*row0.add(c0 + i)).qs.as_ptr();
-                    start::<Q4_1>(a, a_stride, i, &scratch);
+                    start::<U, Q4_1>(unit, a, a_stride, i, &scratch);
                     if i > 0 {
-                        store(i - 1, &mut scratch);
+                        store(unit, i - 1, &mut scratch);
                     }
                 }
-                store(len - 1, &mut scratch);
+                store(unit, len - 1, &mut scratch);
                 finish::<Q4_1, T>(
                     base0, base1, gbb, row0, nb, c0, len, &scratch, &mut acc, &mut macc,
                 );
@@ -345,22 +286,37 @@ unsafe fn pairs<const Q4_1: bool, const T: usize>(
             }
             emit(g, &out);
         }
-        asm!("tilerelease", options(nostack, nomem));
+        unit.release();
     }
 }
 
+/// `$kernel::<_, lead.., t>(args)` for a run-time t in 1..=16.
+macro_rules! by_rows {
+    ($t:expr, $kernel:ident $lead:tt, $args:tt, $($n:literal)*) => {
+        match $t {
+            $($n => $crate::packed_amx::by_rows!(@call $kernel $lead, $n, $args),)*
+            _ => unreachable!("tile calls take 1..=16 rows"),
+        }
+    };
+    (@call $kernel:ident [$($lead:tt),*], $n:literal, ($($arg:expr),*)) => {
+        $kernel::<_, $($lead,)* $n>($($arg),*)
+    };
+}
+// The K-quant tile kernels (`packed_amx_kquant`) dispatch the same way.
+pub(crate) use by_rows;
+
 macro_rules! pairs_entry {
-    ($name:ident, $q4_1:literal) => {
+    ($name:ident, $q4_1:literal, $unit:expr) => {
         /// An [`AmxPairsFn`].
         ///
         /// # Safety
         /// As for [`AmxPairsFn`]: `data` is a packed matrix of `nb` blocks
         /// per row holding the groups, rows `r0..r0 + t` (`t` in 1..=16)
-        /// exist in `acts`, and [`available`] has returned true (the
-        /// dispatcher only picks these for a supported `Isa::AmxInt8`).
+        /// exist in `acts`, and the tile unit may run (the dispatcher picks
+        /// the hardware one only for a supported `Isa::AmxInt8`).
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         #[allow(clippy::too_many_arguments)]
-        unsafe fn $name(
+        pub(crate) unsafe fn $name(
             data: &[u8],
             nb: usize,
             g0: usize,
@@ -370,36 +326,35 @@ macro_rules! pairs_entry {
             t: usize,
             emit: &mut dyn FnMut(usize, &PairOut),
         ) {
+            let mut unit = $unit;
             unsafe {
                 by_rows!(
-                    t, $q4_1, (data, nb, g0, npairs, acts, r0, emit),
+                    t, pairs [$q4_1], (&mut unit, data, nb, g0, npairs, acts, r0, emit),
                     1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16
                 )
             }
         }
     };
 }
-
-/// `pairs::<q4_1, t>` for a run-time t.
-macro_rules! by_rows {
-    ($t:expr, $q4_1:literal, $args:tt, $($n:literal)*) => {
-        match $t {
-            $($n => by_rows!(@call $q4_1, $n, $args),)*
-            _ => unreachable!("tile calls take 1..=16 rows"),
-        }
-    };
-    (@call $q4_1:literal, $n:literal, ($($arg:expr),*)) => {
-        pairs::<$q4_1, $n>($($arg),*)
-    };
-}
-pairs_entry!(q4_1_pairs, true);
-pairs_entry!(q8_0_pairs, false);
+pairs_entry!(q4_1_pairs, true, crate::tiles::Amx);
+pairs_entry!(q8_0_pairs, false, crate::tiles::Amx);
 
 /// The tile kernel for `fmt`, if it has one.
 pub(crate) fn pairs_fn(fmt: QFormat) -> Option<AmxPairsFn> {
     match fmt {
         QFormat::Q4_1 => Some(q4_1_pairs),
         QFormat::Q8_0 => Some(q8_0_pairs),
+        QFormat::Q4_K => Some(crate::packed_amx_kquant::q4_k_pairs_amx),
+        QFormat::Q6_K => Some(crate::packed_amx_kquant::q6_k_pairs_amx),
         _ => None,
     }
+}
+
+/// The kernels on emulated tiles, for the tests.
+#[cfg(test)]
+pub(crate) mod emulated {
+    use super::*;
+
+    pairs_entry!(q4_1_pairs_emulated, true, crate::tiles::Emulated::new());
+    pairs_entry!(q8_0_pairs_emulated, false, crate::tiles::Emulated::new());
 }

@@ -71,7 +71,7 @@ unsafe fn bcast_pair(sums: &[i16], at: usize) -> __m512i {
 /// # Safety
 /// `a` and `b` must each point to 8 readable bytes; AVX-512F.
 #[inline(always)]
-unsafe fn scales_u8(a: *const u8, b: *const u8) -> __m512i {
+pub(crate) unsafe fn scales_u8(a: *const u8, b: *const u8) -> __m512i {
     unsafe {
         let v = _mm_unpacklo_epi64(
             _mm_loadl_epi64(a as *const __m128i),
@@ -86,7 +86,7 @@ unsafe fn scales_u8(a: *const u8, b: *const u8) -> __m512i {
 /// # Safety
 /// As for [`scales_u8`].
 #[inline(always)]
-unsafe fn scales_i8(a: *const u8, b: *const u8) -> __m512i {
+pub(crate) unsafe fn scales_i8(a: *const u8, b: *const u8) -> __m512i {
     unsafe {
         let v = _mm_unpacklo_epi64(
             _mm_loadl_epi64(a as *const __m128i),
@@ -104,7 +104,7 @@ unsafe fn scales_i8(a: *const u8, b: *const u8) -> __m512i {
 /// one call (k ≤ 8); with more rows the next call is the same pair's, and
 /// those requests are early by one call.
 #[inline(always)]
-fn pair_ahead(b: usize, nsb: usize) -> usize {
+pub(crate) fn pair_ahead(b: usize, nsb: usize) -> usize {
     if b + PREFETCH_AHEAD < nsb {
         PREFETCH_AHEAD
     } else {
@@ -204,22 +204,10 @@ unsafe fn q4_k_pair<const T: usize>(
             }
             let dv = halves_pair(p0, p1);
             let dminv = halves_pair(p0.add(Q4_K_DMIN), p1.add(Q4_K_DMIN));
+            let mins = q4_k_mins(p0, p1);
             for t in 0..T {
                 let a = rows[t].get_unchecked(b);
-                let mut msum = _mm512_setzero_si512();
-                for p in 0..4 {
-                    let m = _mm512_cvtepu8_epi16(_mm256_set_m128i(
-                        _mm_loadu_si128(p1.add(Q4_K_MIN + 16 * p) as *const __m128i),
-                        _mm_loadu_si128(p0.add(Q4_K_MIN + 16 * p) as *const __m128i),
-                    ));
-                    msum =
-                        _mm512_add_epi32(msum, _mm512_madd_epi16(m, bcast_pair(&a.bsums32, 2 * p)));
-                }
-                let da = _mm512_set1_ps(a.d);
-                acc[t] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dv, da), acc[t]);
-                acc[t] =
-                    _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dminv, da), acc[t]);
+                acc[t] = q4_k_finish(dv, dminv, &mins, a, isum[t], acc[t]);
             }
         }
         for t in 0..T {
@@ -233,7 +221,7 @@ unsafe fn q4_k_pair<const T: usize>(
 /// # Safety
 /// AVX-512 F and BW (callers are the entry points below).
 #[inline(always)]
-unsafe fn q6_high(h: __m512i, c: usize) -> __m512i {
+pub(crate) unsafe fn q6_high(h: __m512i, c: usize) -> __m512i {
     unsafe {
         let m = _mm512_set1_epi8(0x30);
         match c {
@@ -307,29 +295,110 @@ unsafe fn q6_k_pair<const T: usize>(
                 }
             }
             let dv = halves_pair(p0, p1);
+            let scs = q6_k_scale_pairs(p0, p1);
             for t in 0..T {
                 let a = rows[t].get_unchecked(b);
-                // The −32 offset of every value: −32 · Σ_s sc_s · Σ a over s.
-                let mut corr = _mm512_setzero_si512();
-                for p in 0..8 {
-                    let pair = |base: *const u8| {
-                        _mm_unpacklo_epi8(
-                            _mm_loadl_epi64(base.add(Q6_K_SC + 8 * (2 * p)) as *const __m128i),
-                            _mm_loadl_epi64(base.add(Q6_K_SC + 8 * (2 * p + 1)) as *const __m128i),
-                        )
-                    };
-                    let sc = _mm512_cvtepi8_epi16(_mm256_set_m128i(pair(p1), pair(p0)));
-                    corr =
-                        _mm512_add_epi32(corr, _mm512_madd_epi16(sc, bcast_pair(&a.bsums, 2 * p)));
-                }
-                let v = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(corr, 5));
-                let scale = _mm512_mul_ps(dv, _mm512_set1_ps(a.d));
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc[t]);
+                acc[t] = q6_k_finish(dv, &scs, a, isum[t], acc[t]);
             }
         }
         for t in 0..T {
             store_pair(acc[t], out, t);
         }
+    }
+}
+
+/// Q4_K's 6-bit mins of both groups' rows, widened to i16, in pairs of
+/// sub-blocks (the order `vpmaddwd` multiplies them with pairs of
+/// activation sums): one register per pair.
+///
+/// # Safety
+/// `p0` and `p1` must each point to a whole Q4_K group-block; AVX-512 F
+/// and BW (callers are the AVX-512 entry points of this module and of the
+/// tile kernels).
+#[inline(always)]
+pub(crate) unsafe fn q4_k_mins(p0: *const u8, p1: *const u8) -> [__m512i; 4] {
+    unsafe {
+        std::array::from_fn(|p| {
+            _mm512_cvtepu8_epi16(_mm256_set_m128i(
+                _mm_loadu_si128(p1.add(Q4_K_MIN + 16 * p) as *const __m128i),
+                _mm_loadu_si128(p0.add(Q4_K_MIN + 16 * p) as *const __m128i),
+            ))
+        })
+    }
+}
+
+/// One Q4_K super-block's float step for one activation row `a`, given the
+/// integer sum `isum` (Σ sub-blocks scale · dot): `acc + isum · (d · d_a)
+/// − msum · (dmin · d_a)`, msum = Σ mins · the row's sub-block sums. The
+/// VNNI and the tile kernels both end each super-block here, so their
+/// results are the same bits.
+///
+/// # Safety
+/// AVX-512 F and BW (callers as for [`q4_k_mins`]).
+#[inline(always)]
+pub(crate) unsafe fn q4_k_finish(
+    dv: __m512,
+    dminv: __m512,
+    mins: &[__m512i; 4],
+    a: &BlockQ8K,
+    isum: __m512i,
+    acc: __m512,
+) -> __m512 {
+    unsafe {
+        let mut msum = _mm512_setzero_si512();
+        for (p, m) in mins.iter().enumerate() {
+            msum = _mm512_add_epi32(msum, _mm512_madd_epi16(*m, bcast_pair(&a.bsums32, 2 * p)));
+        }
+        let da = _mm512_set1_ps(a.d);
+        let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv, da), acc);
+        _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dminv, da), acc)
+    }
+}
+
+/// Q6_K's signed sub-block scales of both groups' rows, widened to i16,
+/// in pairs of sub-blocks: one register per pair.
+///
+/// # Safety
+/// As for [`q4_k_mins`], for Q6_K group-blocks.
+#[inline(always)]
+pub(crate) unsafe fn q6_k_scale_pairs(p0: *const u8, p1: *const u8) -> [__m512i; 8] {
+    unsafe {
+        std::array::from_fn(|p| {
+            let pair = |base: *const u8| {
+                _mm_unpacklo_epi8(
+                    _mm_loadl_epi64(base.add(Q6_K_SC + 8 * (2 * p)) as *const __m128i),
+                    _mm_loadl_epi64(base.add(Q6_K_SC + 8 * (2 * p + 1)) as *const __m128i),
+                )
+            };
+            _mm512_cvtepi8_epi16(_mm256_set_m128i(pair(p1), pair(p0)))
+        })
+    }
+}
+
+/// One Q6_K super-block's float step for one activation row `a`, given
+/// the integer sum `isum` (Σ sub-blocks scale · dot of the 0..64 values):
+/// the −32 offset of every value comes off as −32 · Σ scale · the row's
+/// sub-block sums, then `acc + v · (d · d_a)`. Shared by the VNNI and the
+/// tile kernels (see [`q4_k_finish`]).
+///
+/// # Safety
+/// As for [`q4_k_finish`].
+#[inline(always)]
+pub(crate) unsafe fn q6_k_finish(
+    dv: __m512,
+    scs: &[__m512i; 8],
+    a: &BlockQ8K,
+    isum: __m512i,
+    acc: __m512,
+) -> __m512 {
+    unsafe {
+        let mut corr = _mm512_setzero_si512();
+        for (p, sc) in scs.iter().enumerate() {
+            corr = _mm512_add_epi32(corr, _mm512_madd_epi16(*sc, bcast_pair(&a.bsums, 2 * p)));
+        }
+        let v = _mm512_sub_epi32(isum, _mm512_slli_epi32(corr, 5));
+        let scale = _mm512_mul_ps(dv, _mm512_set1_ps(a.d));
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc)
     }
 }
 

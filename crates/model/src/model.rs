@@ -50,6 +50,11 @@ impl Model {
             Some(t) => t,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
+        if isa == Isa::AmxInt8 {
+            // Which matmul calls take AMX tiles is measured once per
+            // process; here, so that the first forward does not pay for it.
+            specmesh_kernels::tile_plan();
+        }
         let mut weights = load_weights(path, opts)?;
         weights.head_tokens = opts.head_tokens.map(Arc::from);
         let rope = Rope::new(&weights.config, weights.rope_freq_factors.as_deref());
@@ -77,6 +82,16 @@ impl Model {
     /// The kernel ISA of the matmuls and attention (`LoadOptions::isa`).
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// The kernels in words, for startup lines: the ISA, and on
+    /// `Isa::AmxInt8` which calls take tiles (`amx-int8; Q4_K tiles for
+    /// 2-16 rows, …`).
+    pub fn kernels(&self) -> String {
+        match self.isa {
+            Isa::AmxInt8 => format!("{}; {}", self.isa, specmesh_kernels::tile_plan()),
+            isa => isa.to_string(),
+        }
     }
 
     /// The attention kernel this model runs: the one of its [`Model::isa`]

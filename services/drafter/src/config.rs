@@ -78,8 +78,9 @@ pub struct Args {
     #[arg(long)]
     pub draft_model_threads: Option<usize>,
     /// The draft model kernels' instruction set: scalar, avx2, avx-vnni,
-    /// avx512-vnni or amx-int8 (default: the fastest this CPU has, AMX
-    /// opt-in); one the CPU lacks is refused at start.
+    /// avx512-vnni or amx-int8 (default: the fastest this CPU has; with
+    /// amx-int8, tiles take the calls measured faster on them at load); one
+    /// the CPU lacks is refused at start.
     #[arg(long)]
     pub draft_model_isa: Option<specmesh_model::Isa>,
     /// Sessions that draft with the model at once, at most; later ones

@@ -304,7 +304,7 @@ impl DraftModel {
             vocab = model.config().vocab_size,
             head_tokens = model.head_tokens().map_or(model.config().vocab_size, <[u32]>::len),
             threads = model.threads(),
-            isa = %model.isa(),
+            kernels = %model.kernels(),
             sessions = cfg.max_sessions,
             "draft model loaded"
         );

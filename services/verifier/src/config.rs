@@ -41,8 +41,9 @@ pub struct Args {
     #[arg(long)]
     pub threads: Option<usize>,
     /// The kernels' instruction set: scalar, avx2, avx-vnni, avx512-vnni or
-    /// amx-int8 (default: the fastest this CPU has, AMX opt-in). One the
-    /// CPU lacks is refused at start. Outputs are the same on every one;
+    /// amx-int8 (default: the fastest this CPU has; with amx-int8, tiles
+    /// take the calls measured faster on them at load). One the CPU lacks
+    /// is refused at start. Outputs are the same on every one;
     /// pin it to compare machines or to rule a kernel out.
     #[arg(long)]
     pub isa: Option<specmesh_model::Isa>,

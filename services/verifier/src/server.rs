@@ -83,9 +83,9 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
     println!(
         "specmesh-verifier: model {} loaded ({} kernels): {memory}",
         config.model.display(),
-        model.isa()
+        model.kernels()
     );
-    tracing::info!(model = %config.model.display(), %memory, isa = %model.isa(), "model loaded");
+    tracing::info!(model = %config.model.display(), %memory, kernels = %model.kernels(), "model loaded");
     let model = Arc::new(model);
     // The curve's own k = 1 measurement is the plain step; a given curve
     // still needs the step timed (a few one-token forwards).

@@ -363,7 +363,8 @@ fn vnni_paths_give_identical_bits_for_packed_formats() {
 fn amx_tiles_give_the_bits_of_the_vnni_kernels() {
     // Exact integer block sums and the same float epilogue: any row count,
     // an odd number of groups (the last one goes to VNNI) and a block count
-    // that is not a multiple of the tile chunk.
+    // that is not a multiple of the tile chunk; tiles for every call here,
+    // whatever the measured plan chose.
     if !Isa::AmxInt8.supported() {
         eprintln!("skipped: this CPU lacks {}", Isa::AmxInt8);
         return;
@@ -371,13 +372,71 @@ fn amx_tiles_give_the_bits_of_the_vnni_kernels() {
     let mut rng = StdRng::seed_from_u64(23);
     let pool = ThreadPool::new(2);
     let mut s = QuantizedRows::default();
-    for format in [QFormat::Q4_1, QFormat::Q8_0] {
-        let w = random_quant(format, 45, 576, &mut rng);
-        let x = random_acts(40, 576, &mut rng);
+    for format in [QFormat::Q4_1, QFormat::Q8_0, QFormat::Q4_K, QFormat::Q6_K] {
+        let cols = cols_for(format, 576);
+        let w = random_quant(format, 45, cols, &mut rng);
+        let x = random_acts(40, cols, &mut rng);
         for k in [1usize, 2, 3, 8, 15, 16, 17, 33, 40] {
             let (mut a, mut b) = (vec![0.0; k * 45], vec![0.0; k * 45]);
-            w.forward(&x[..k * 576], &mut s, &mut a, Isa::Avx512Vnni, &pool);
-            w.forward(&x[..k * 576], &mut s, &mut b, Isa::AmxInt8, &pool);
+            let x = &x[..k * cols];
+            w.forward(x, &mut s, &mut a, Isa::Avx512Vnni, &pool);
+            let tiles = TileCalls::hardware(format, crate::tile_plan::RowSet::from(1));
+            w.forward_tiled(x, &mut s, &mut b, Isa::AmxInt8, tiles, &pool);
+            assert_eq!(
+                a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{format:?} k={k}"
+            );
+        }
+    }
+}
+
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn tile_kernels_on_emulated_tiles_give_the_bits_of_the_vnni_kernels() {
+    // The tile kernels' layouts (weight tiles, activation rows, sums) and
+    // the matmul's split of rows between tiles and VNNI, run here on
+    // `tiles::Emulated` on any AVX-512 VNNI machine: an odd number of
+    // groups (the last one goes to VNNI), calls of 1 to 16 rows, more rows
+    // than one tile call takes, and some row counts left to VNNI.
+    use crate::packed_amx::emulated::*;
+    use crate::packed_amx_kquant::emulated::*;
+    use crate::tile_plan::RowSet;
+    if !Isa::Avx512Vnni.supported() {
+        eprintln!("skipped: this CPU lacks {}", Isa::Avx512Vnni);
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(29);
+    let pool = ThreadPool::new(2);
+    let mut s = QuantizedRows::default();
+    let kernels: [(QFormat, crate::packed_amx::AmxPairsFn); 4] = [
+        (QFormat::Q4_1, q4_1_pairs_emulated),
+        (QFormat::Q8_0, q8_0_pairs_emulated),
+        (QFormat::Q4_K, q4_k_pairs_emulated),
+        (QFormat::Q6_K, q6_k_pairs_emulated),
+    ];
+    for (format, kernel) in kernels {
+        let (rows, cols) = (45, cols_for(format, 576));
+        let w = random_quant(format, rows, cols, &mut rng);
+        let x = random_acts(40, cols, &mut rng);
+        for (k, from) in [
+            (1, 1),
+            (2, 1),
+            (5, 1),
+            (8, 1),
+            (13, 1),
+            (16, 1),
+            (40, 1),
+            (35, 4),
+        ] {
+            let x = &x[..k * cols];
+            let (mut a, mut b) = (vec![0.0; k * rows], vec![f32::NAN; k * rows]);
+            w.forward(x, &mut s, &mut a, Isa::Avx512Vnni, &pool);
+            let tiles = TileCalls {
+                rows: RowSet::from(from),
+                kernel: Some(kernel),
+            };
+            w.forward_tiled(x, &mut s, &mut b, Isa::Avx512Vnni, tiles, &pool);
             assert_eq!(
                 a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),

@@ -1,0 +1,435 @@
+//! Which matmul calls the AMX tile kernels take, measured once per process.
+//!
+//! Why measured rather than fixed: whether a tile product beats
+//! `vpdpbusd` depends on the format (Q4_1 and Q8_0 need a float step per
+//! 32 inputs, which bounds their tile kernels; the K-quants one per 256),
+//! on the rows per call (one row is bound by weight reads either way) and
+//! on the CPU. So, at first use (model loaders ask at load, beside the
+//! verify cost curve), every format with a tile kernel runs both kernels on
+//! a matrix held in cache, for 1..=16 rows per call, and the tiles take the
+//! row counts where they were at least [`MIN_GAIN`] faster.
+//!
+//! The same run compares the two kernels' results bit for bit. A format
+//! whose tile results differ gets no tiles, and the plan says so: batch
+//! invariance (the same bits whatever kernel a row lands on) is what greedy
+//! exactness rests on, and a plan that only trusted the tests would stake
+//! it on hardware the tests may never have run on.
+
+use std::fmt;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::act::QuantizedRows;
+use crate::format::QFormat;
+use crate::isa::Isa;
+use crate::matmul::{QMatrix, Weights};
+use crate::threads::ThreadPool;
+
+/// How much faster tiles must be for a row count to go to them.
+pub const MIN_GAIN: f64 = 0.05;
+
+/// A set of activation-row counts per kernel call, 1..=[`RowSet::MAX_ROWS`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RowSet(u32);
+
+impl RowSet {
+    /// Rows one tile call takes at most.
+    pub const MAX_ROWS: usize = 16;
+    pub const EMPTY: RowSet = RowSet(0);
+
+    /// Every row count from `from` to [`RowSet::MAX_ROWS`].
+    pub fn from(from: usize) -> RowSet {
+        let mut set = RowSet::EMPTY;
+        for t in from.max(1)..=RowSet::MAX_ROWS {
+            set.insert(t);
+        }
+        set
+    }
+
+    pub fn contains(self, t: usize) -> bool {
+        (1..=RowSet::MAX_ROWS).contains(&t) && self.0 >> t & 1 == 1
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    fn insert(&mut self, t: usize) {
+        assert!((1..=RowSet::MAX_ROWS).contains(&t), "row counts are 1..=16");
+        self.0 |= 1 << t;
+    }
+}
+
+/// Runs of consecutive counts: `none`, `2-16`, `1, 4-16`.
+impl fmt::Display for RowSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("none");
+        }
+        let mut first = true;
+        let mut t = 1;
+        while t <= RowSet::MAX_ROWS {
+            if !self.contains(t) {
+                t += 1;
+                continue;
+            }
+            let start = t;
+            while t < RowSet::MAX_ROWS && self.contains(t + 1) {
+                t += 1;
+            }
+            if !first {
+                f.write_str(", ")?;
+            }
+            first = false;
+            if start == t {
+                write!(f, "{start}")?;
+            } else {
+                write!(f, "{start}-{t}")?;
+            }
+            t += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Which calls of one matmul go to which tile kernel.
+///
+/// Invariant: `kernel` may run on this CPU. The hardware kernels come only
+/// from [`TileCalls::hardware`], which checks that AMX-INT8 runs; the
+/// tests put the kernels on emulated tiles here (AVX-512 VNNI only).
+#[derive(Clone, Copy)]
+pub(crate) struct TileCalls {
+    pub(crate) rows: RowSet,
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) kernel: Option<crate::packed_amx::AmxPairsFn>,
+}
+
+impl TileCalls {
+    pub(crate) const NONE: TileCalls = TileCalls {
+        rows: RowSet::EMPTY,
+        #[cfg(target_arch = "x86_64")]
+        kernel: None,
+    };
+
+    /// `format`'s AMX kernel for calls of `rows` rows; none unless AMX-INT8
+    /// runs here and the format has a tile kernel.
+    pub(crate) fn hardware(format: QFormat, rows: RowSet) -> TileCalls {
+        if rows.is_empty() || !Isa::AmxInt8.supported() {
+            return TileCalls::NONE;
+        }
+        TileCalls {
+            rows,
+            #[cfg(target_arch = "x86_64")]
+            kernel: crate::packed_amx::pairs_fn(format),
+        }
+    }
+}
+
+/// What was measured for one format.
+#[derive(Clone, Debug)]
+pub struct FormatPlan {
+    pub format: QFormat,
+    /// The row counts whose calls go to tiles.
+    pub tiles: RowSet,
+    /// Tile time / VNNI time per row count (index t, 1..=16; index 0 unused).
+    pub ratio: [f64; RowSet::MAX_ROWS + 1],
+    /// The tile kernel's results differed from VNNI's: no tiles.
+    pub mismatch: bool,
+}
+
+/// The tile choice of every format with a tile kernel; empty where AMX-INT8
+/// is missing.
+#[derive(Clone, Debug, Default)]
+pub struct TilePlan {
+    pub formats: Vec<FormatPlan>,
+}
+
+impl TilePlan {
+    /// The row counts whose calls on `format` go to tiles.
+    pub fn rows(&self, format: QFormat) -> RowSet {
+        self.formats
+            .iter()
+            .find(|p| p.format == format)
+            .map_or(RowSet::EMPTY, |p| p.tiles)
+    }
+}
+
+/// `Q4_K tiles 2-16 rows, Q8_0 none, Q4_1 refused (results differed)`.
+impl fmt::Display for TilePlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.formats.is_empty() {
+            return f.write_str("no AMX tiles");
+        }
+        for (i, p) in self.formats.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            if p.mismatch {
+                write!(f, "{:?} refused (results differed from VNNI)", p.format)?;
+            } else if p.tiles.is_empty() {
+                write!(f, "{:?} none", p.format)?;
+            } else {
+                write!(f, "{:?} tiles for {} rows", p.format, p.tiles)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The process's plan: measured on first call where `Isa::AmxInt8` is
+/// supported (tens of milliseconds), empty elsewhere.
+pub fn tile_plan() -> &'static TilePlan {
+    static PLAN: OnceLock<TilePlan> = OnceLock::new();
+    PLAN.get_or_init(|| {
+        if Isa::AmxInt8.supported() {
+            measure()
+        } else {
+            TilePlan::default()
+        }
+    })
+}
+
+/// The formats that have a tile kernel.
+fn tiled_formats() -> Vec<QFormat> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        [QFormat::Q4_K, QFormat::Q6_K, QFormat::Q4_1, QFormat::Q8_0]
+            .into_iter()
+            .filter(|f| crate::packed_amx::pairs_fn(*f).is_some())
+            .collect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        Vec::new()
+    }
+}
+
+fn measure() -> TilePlan {
+    let pool = ThreadPool::new(1);
+    TilePlan {
+        formats: tiled_formats()
+            .into_iter()
+            .map(|f| measure_format(f, TileCalls::hardware(f, RowSet::from(1)), &pool))
+            .collect(),
+    }
+}
+
+/// Output rows and inputs of the measured matrix: 256 rows of 2048 inputs
+/// (~0.3–0.5 MB for these formats), in cache like a verify call's weights
+/// are for its rows after the first.
+const ROWS: usize = 256;
+const COLS: usize = 2048;
+/// Calls per timing, and timings per kernel (the fastest counts).
+const CALLS: usize = 4;
+const ROUNDS: usize = 3;
+
+/// Times `format`'s VNNI kernels against the tile kernel of `tiles` (its
+/// row set is ignored) at 1..=16 rows per call and compares their bits.
+fn measure_format(format: QFormat, tiles: TileCalls, pool: &ThreadPool) -> FormatPlan {
+    let mut rng = SplitMix(0x5eed ^ format as u64);
+    let w = QMatrix::new(
+        ROWS,
+        COLS,
+        Weights::Quant {
+            format,
+            data: synthetic_rows(format, ROWS, COLS, &mut rng),
+        },
+    )
+    .expect("the synthetic matrix has the layout of its format");
+    let x: Vec<f32> = (0..RowSet::MAX_ROWS * COLS)
+        .map(|_| (rng.next() % 4001) as f32 / 1000.0 - 2.0)
+        .collect();
+    let mut scratch = QuantizedRows::default();
+    let mut plan = FormatPlan {
+        format,
+        tiles: RowSet::EMPTY,
+        ratio: [f64::NAN; RowSet::MAX_ROWS + 1],
+        mismatch: false,
+    };
+    for t in 1..=RowSet::MAX_ROWS {
+        let x = &x[..t * COLS];
+        let mut only_t = TileCalls {
+            rows: RowSet::EMPTY,
+            ..tiles
+        };
+        only_t.rows.insert(t);
+        let (mut vnni, mut on_tiles) = (vec![0.0f32; t * ROWS], vec![0.0f32; t * ROWS]);
+        let (mut vnni_time, mut tile_time) = (Duration::MAX, Duration::MAX);
+        for _ in 0..ROUNDS {
+            for (set, out, best) in [
+                (TileCalls::NONE, &mut vnni, &mut vnni_time),
+                (only_t, &mut on_tiles, &mut tile_time),
+            ] {
+                let start = Instant::now();
+                for _ in 0..CALLS {
+                    w.forward_tiled(x, &mut scratch, out, Isa::Avx512Vnni, set, pool);
+                }
+                *best = (*best).min(start.elapsed());
+            }
+        }
+        if vnni
+            .iter()
+            .map(|v| v.to_bits())
+            .ne(on_tiles.iter().map(|v| v.to_bits()))
+        {
+            plan.mismatch = true;
+        }
+        let ratio = tile_time.as_secs_f64() / vnni_time.as_secs_f64().max(1e-12);
+        plan.ratio[t] = ratio;
+        if ratio < 1.0 - MIN_GAIN {
+            plan.tiles.insert(t);
+        }
+    }
+    if plan.mismatch {
+        plan.tiles = RowSet::EMPTY;
+    }
+    plan
+}
+
+/// A small deterministic generator for the synthetic weights (`rand` is a
+/// test dependency only).
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// GGML rows of `format` with random values, bits and scales, and the
+/// block scales (d, m, dmin) in the range real weights have.
+fn synthetic_rows(format: QFormat, rows: usize, cols: usize, rng: &mut SplitMix) -> Vec<u8> {
+    let f16 = |v: f32| half::f16::from_f32(v).to_bits().to_le_bytes();
+    let mut data = vec![0u8; rows * format.row_bytes(cols)];
+    for blk in data.chunks_exact_mut(format.block_bytes()) {
+        for b in blk.iter_mut() {
+            *b = rng.next() as u8;
+        }
+        match format {
+            QFormat::Q4_K => {
+                blk[..2].copy_from_slice(&f16(0.001));
+                blk[2..4].copy_from_slice(&f16(0.002));
+            }
+            QFormat::Q6_K => blk[208..].copy_from_slice(&f16(0.0005)),
+            QFormat::Q4_1 => {
+                blk[..2].copy_from_slice(&f16(0.02));
+                blk[2..4].copy_from_slice(&f16(-0.1));
+            }
+            _ => blk[..2].copy_from_slice(&f16(0.02)),
+        }
+    }
+    data
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_sets_print_as_runs() {
+        assert_eq!(RowSet::EMPTY.to_string(), "none");
+        assert_eq!(RowSet::from(2).to_string(), "2-16");
+        let mut s = RowSet::EMPTY;
+        for t in [1, 4, 5, 6, 16] {
+            s.insert(t);
+        }
+        assert_eq!(s.to_string(), "1, 4-6, 16");
+        assert!(s.contains(5) && !s.contains(2) && !s.contains(0) && !s.contains(17));
+    }
+
+    #[test]
+    fn the_plan_is_measured_where_amx_runs_and_empty_elsewhere() {
+        let plan = tile_plan();
+        if !Isa::AmxInt8.supported() {
+            assert!(plan.formats.is_empty());
+            assert_eq!(plan.to_string(), "no AMX tiles");
+            eprintln!("skipped the measurement: this CPU lacks {}", Isa::AmxInt8);
+            return;
+        }
+        eprintln!("tile plan: {plan}");
+        for p in &plan.formats {
+            assert!(!p.mismatch, "{:?}: tile results differ from VNNI", p.format);
+            assert!((1..=16).all(|t| p.ratio[t].is_finite() && p.ratio[t] > 0.0));
+        }
+        assert_eq!(plan.formats.len(), 4);
+    }
+
+    /// The tile kernels of `format` on emulated tiles.
+    #[cfg(target_arch = "x86_64")]
+    fn emulated(format: QFormat) -> crate::packed_amx::AmxPairsFn {
+        use crate::packed_amx::emulated::*;
+        use crate::packed_amx_kquant::emulated::*;
+        match format {
+            QFormat::Q4_1 => q4_1_pairs_emulated,
+            QFormat::Q8_0 => q8_0_pairs_emulated,
+            QFormat::Q4_K => q4_k_pairs_emulated,
+            _ => q6_k_pairs_emulated,
+        }
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn the_measurement_compares_bits_and_keeps_slower_tiles_off() {
+        // On emulated tiles (plain Rust, far slower than VNNI) every format
+        // measures, agrees bit for bit, and gets no tiles; a kernel whose
+        // results differ in one bit is refused outright.
+        if !Isa::Avx512Vnni.supported() {
+            eprintln!("skipped: this CPU lacks {}", Isa::Avx512Vnni);
+            return;
+        }
+        let pool = ThreadPool::new(1);
+        for format in [QFormat::Q4_K, QFormat::Q6_K, QFormat::Q4_1, QFormat::Q8_0] {
+            let calls = TileCalls {
+                rows: RowSet::EMPTY,
+                kernel: Some(emulated(format)),
+            };
+            let p = measure_format(format, calls, &pool);
+            assert!(!p.mismatch, "{format:?}");
+            assert!(p.tiles.is_empty(), "{format:?}: {}", p.tiles);
+            assert!(
+                (1..=16).all(|t| p.ratio[t] > 1.0),
+                "{format:?}: {:?}",
+                p.ratio
+            );
+        }
+        /// The emulated Q4_K kernel with the lowest bit of every result
+        /// flipped.
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn off_by_a_bit(
+            data: &[u8],
+            nb: usize,
+            g0: usize,
+            npairs: usize,
+            acts: &QuantizedRows,
+            r0: usize,
+            t: usize,
+            emit: &mut dyn FnMut(usize, &crate::packed_amx::PairOut),
+        ) {
+            let mut flip = |g: usize, out: &crate::packed_amx::PairOut| {
+                let mut out = *out;
+                out.iter_mut()
+                    .flatten()
+                    .flatten()
+                    .for_each(|v| *v = f32::from_bits(v.to_bits() ^ 1));
+                emit(g, &out)
+            };
+            // SAFETY: the caller's contract, passed on.
+            unsafe { emulated(QFormat::Q4_K)(data, nb, g0, npairs, acts, r0, t, &mut flip) }
+        }
+        let calls = TileCalls {
+            rows: RowSet::EMPTY,
+            kernel: Some(off_by_a_bit),
+        };
+        let p = measure_format(QFormat::Q4_K, calls, &pool);
+        assert!(p.mismatch);
+        assert!(p.tiles.is_empty());
+        assert_eq!(
+            TilePlan { formats: vec![p] }.to_string(),
+            "Q4_K refused (results differed from VNNI)"
+        );
+    }
+}
