@@ -26,7 +26,9 @@ use crate::packed::blocks32::{Q5_0_BITS, Q5_0_GBB, Q5_0_NIBBLES};
 use crate::packed::kquant::{
     Q4_K_DMIN, Q4_K_GBB, Q4_K_MIN, Q4_K_NIB, Q4_K_SC, Q6_K_GBB, Q6_K_GROUP, Q6_K_SC, Q6_K_VALUES,
 };
-use crate::packed_x86::{GroupFn, GroupOut, PREFETCH_AHEAD, prefetch_slice};
+use crate::packed_x86::{
+    GroupFn, GroupOut, PREFETCH_AHEAD, blocks_ahead, prefetch_block, prefetch_slice,
+};
 
 /// Four activation bytes starting at `at`, broadcast to every 32-bit lane.
 ///
@@ -323,6 +325,8 @@ unsafe fn q5_0_group<const T: usize>(
         let mut acc = [_mm256_setzero_ps(); T];
         for b in 0..nb {
             let gb = base.add(b * Q5_0_GBB);
+            // Past the group's end this runs into the next call's group.
+            prefetch_block::<Q5_0_GBB>(gb, blocks_ahead(Q5_0_GBB));
             let h = load(gb.add(Q5_0_BITS));
             let mut isum = [_mm256_setzero_si256(); T];
             for half in 0..2 {

@@ -151,6 +151,17 @@ unsafe fn q4_0_tile<D: DotU8I8, const R: usize, const T: usize>(
         let mut acc = [[_mm256_setzero_ps(); T]; R];
         let mut bias = [[0.0f32; T]; R];
         for b in 0..rb / 18 {
+            if b % 2 == 0 {
+                // The next call's rows (R on) at this block: one line per
+                // 36 bytes of each row covers all of them. Why by hand: see
+                // `packed_x86::PREFETCH_AHEAD`; here Q4_0 one row from DRAM
+                // (`kb`, 500000×1536, AVX-512 VNNI, 2 threads) went from
+                // 9.5 to 16.5 GB/s.
+                for j in 0..R {
+                    let at = w.as_ptr().wrapping_add((j + R) * rb + b * 18);
+                    _mm_prefetch::<_MM_HINT_T0>(at as *const i8);
+                }
+            }
             for j in 0..R {
                 let blk = w.as_ptr().add(j * rb + b * 18);
                 let d = f16_ptr(blk);
