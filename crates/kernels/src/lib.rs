@@ -26,7 +26,6 @@
 
 mod act;
 pub mod attn;
-mod dot;
 mod format;
 mod isa;
 mod matmul;

@@ -6,7 +6,6 @@
 //! depend on k, on the tiling or on the thread split.
 
 use crate::act::QuantizedRows;
-use crate::dot::{Out, TILE, WROWS, tile_fn, wrows_for};
 use crate::format::{QFormat, WeightLayoutError};
 use crate::isa::Isa;
 use crate::packed;
@@ -18,7 +17,7 @@ use std::ops::Range;
 /// Storage of a weight matrix.
 #[derive(Clone, Debug)]
 pub enum Weights {
-    /// GGML-layout quantized blocks, used in place.
+    /// GGML-layout quantized blocks (repacked at load).
     Quant { format: QFormat, data: Vec<u8> },
     /// Dense f32 (formats without a native kernel are dequantized to this).
     F32(Vec<f32>),
@@ -35,11 +34,6 @@ pub struct QMatrix {
 /// How a matrix is held in memory.
 #[derive(Clone, Debug)]
 enum Storage {
-    /// GGML row-major blocks (formats without a packed kernel).
-    Rows {
-        format: QFormat,
-        data: Vec<u8>,
-    },
     /// Repacked into 8-row groups (see `packed`).
     Packed {
         format: QFormat,
@@ -101,11 +95,10 @@ impl QMatrix {
             }
         }
         let storage = match weights {
-            Weights::Quant { format, data } if packed::packable(format) => Storage::Packed {
+            Weights::Quant { format, data } => Storage::Packed {
                 format,
                 data: packed::pack(format, rows, cols, &data),
             },
-            Weights::Quant { format, data } => Storage::Rows { format, data },
             Weights::F32(d) => Storage::F32(d),
         };
         Ok(QMatrix {
@@ -127,18 +120,13 @@ impl QMatrix {
         }
         let rows = parts.iter().map(|p| p.rows).sum();
         let storage = match &first.storage {
-            Storage::Rows { format, .. } | Storage::Packed { format, .. } => {
+            Storage::Packed { format, .. } => {
                 let mut data = Vec::new();
                 for (i, p) in parts.iter().enumerate() {
-                    match (&first.storage, &p.storage) {
-                        (Storage::Rows { .. }, Storage::Rows { format: f, data: d })
-                            if f == format =>
-                        {
-                            data.extend_from_slice(d)
-                        }
+                    match &p.storage {
                         // Packed groups concatenate only if no part but the
                         // last ends in a padded group.
-                        (Storage::Packed { .. }, Storage::Packed { format: f, data: d })
+                        Storage::Packed { format: f, data: d }
                             if f == format
                                 && (p.rows % packed::GROUP == 0 || i + 1 == parts.len()) =>
                         {
@@ -147,15 +135,9 @@ impl QMatrix {
                         _ => return None,
                     }
                 }
-                match first.storage {
-                    Storage::Rows { .. } => Storage::Rows {
-                        format: *format,
-                        data,
-                    },
-                    _ => Storage::Packed {
-                        format: *format,
-                        data,
-                    },
+                Storage::Packed {
+                    format: *format,
+                    data,
                 }
             }
             Storage::F32(_) => {
@@ -187,7 +169,7 @@ impl QMatrix {
     /// The quantized format, or `None` for f32 weights.
     pub fn format(&self) -> Option<QFormat> {
         match &self.storage {
-            Storage::Rows { format, .. } | Storage::Packed { format, .. } => Some(*format),
+            Storage::Packed { format, .. } => Some(*format),
             Storage::F32(_) => None,
         }
     }
@@ -195,7 +177,7 @@ impl QMatrix {
     /// Bytes of weight data (what one forward reads from memory).
     pub fn nbytes(&self) -> usize {
         match &self.storage {
-            Storage::Rows { data, .. } | Storage::Packed { data, .. } => data.len(),
+            Storage::Packed { data, .. } => data.len(),
             Storage::F32(d) => d.len() * 4,
         }
     }
@@ -203,10 +185,6 @@ impl QMatrix {
     /// Writes row `r` of the matrix, dequantized, into `out` (`cols` values).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         match &self.storage {
-            Storage::Rows { format, data } => {
-                let rb = format.row_bytes(self.cols);
-                format.dequantize_row(&data[r * rb..(r + 1) * rb], out)
-            }
             Storage::Packed { format, data } => {
                 packed::dequantize_row(*format, data, self.cols, r, out)
             }
@@ -270,39 +248,6 @@ impl QMatrix {
                     scratch.quantize(x, self.cols);
                 }
                 self.forward_packed(scratch, out, isa, tiles, pool);
-            }
-            Storage::Rows { format, data } => {
-                scratch.quantize(x, self.cols);
-                let acts = &*scratch;
-                let tile = tile_fn(isa, *format);
-                let rb = format.row_bytes(self.cols);
-                pool.for_ranges(n, &|range| {
-                    let mut tmp: Out = [[0.0; TILE]; WROWS];
-                    let mut r = 0;
-                    while r < k {
-                        let t = (k - r).min(TILE);
-                        let wr = wrows_for(t);
-                        let mut j = range.start;
-                        while j < range.end {
-                            let rows = if range.end - j >= wr { wr } else { 1 };
-                            let w = &data[j * rb..(j + rows) * rb];
-                            // SAFETY: `w` holds `rows` rows of `cols` elements
-                            // of `format`, activation rows r..r+t exist, and
-                            // `isa` is supported.
-                            unsafe { tile(w, rb, rows, acts, r, t, &mut tmp) };
-                            for (jj, res) in tmp.iter().enumerate().take(rows) {
-                                for (i, v) in res.iter().enumerate().take(t) {
-                                    // SAFETY: (r + i) < k and j + jj < n: inside
-                                    // `out`; feature j + jj belongs to this
-                                    // thread alone.
-                                    unsafe { *optr.ptr().add((r + i) * n + j + jj) = *v };
-                                }
-                            }
-                            j += rows;
-                        }
-                        r += t;
-                    }
-                });
             }
             Storage::F32(data) => {
                 let cols = self.cols;

@@ -1,12 +1,13 @@
-//! AVX2 kernels over 8-row packed groups of the K-quants and Q5_0 (layouts
-//! in `packed::kquant` and `packed::blocks32`).
+//! AVX2 kernels over 8-row packed groups of the K-quants, Q5_0 and Q4_0
+//! (layouts in `packed::kquant` and `packed::blocks32`).
 //!
 //! These formats keep 4-bit, 5-bit or 6-bit unsigned values, so
 //! `vpmaddubsw` products of a chunk fit i16 with room to add several chunks
 //! before one `vpmaddwd` widens them, and that `vpmaddwd` multiplies by the
 //! sub-block scale at the same time (llama.cpp's trick). Bounds, per i16
 //! lane (two products of |a| ≤ 127): Q4_K 3 810, summed over 8 chunks; Q6_K
-//! 16 002, over 2; Q5_0 7 874, over 4; all below 32 767.
+//! 16 002, over 2; Q5_0 7 874, over 4; Q4_0 3 810, over 4; all below
+//! 32 767.
 //!
 //! The same AVX2 kernels run on every x86 ISA (`vpmaddubsw` exists on all of
 //! them): integer sums are exact and the float steps are those of the
@@ -22,7 +23,7 @@ use std::arch::x86_64::*;
 
 use crate::act::{BlockQ8, BlockQ8K, QuantizedRows};
 use crate::format::QFormat;
-use crate::packed::blocks32::{Q5_0_BITS, Q5_0_GBB, Q5_0_NIBBLES};
+use crate::packed::blocks32::{Q4_0_GBB, Q4_0_NIBBLES, Q5_0_BITS, Q5_0_GBB, Q5_0_NIBBLES};
 use crate::packed::kquant::{
     Q4_K_DMIN, Q4_K_GBB, Q4_K_MIN, Q4_K_NIB, Q4_K_SC, Q6_K_GBB, Q6_K_GROUP, Q6_K_SC, Q6_K_VALUES,
 };
@@ -361,6 +362,64 @@ unsafe fn q5_0_group<const T: usize>(
     }
 }
 
+/// One 8-row group of packed Q4_0 rows · `T` activation rows (see
+/// [`GroupFn`]): Q5_0's kernel without the fifth bits, the −8 offset
+/// through the activation sum.
+///
+/// Why Q4_0 is packed too: row by row (the `dot` kernels it had before) a
+/// one-token step read its weights at 9.6 GB/s from DRAM (`kb`, 500000 ×
+/// 1536, AVX-512 VNNI, 2 threads), 16 with prefetch; docs/performance.md
+/// has this kernel's numbers.
+///
+/// # Safety
+/// `data` must be a packed Q4_0 matrix of `nb` blocks per row with at
+/// least `g + 1` groups, rows `r0..r0 + T` must exist in `acts` as
+/// 32-element blocks, `nb` each, and the CPU must support AVX2, FMA and
+/// F16C (callers are the `#[target_feature]` entry points below).
+#[inline(always)]
+unsafe fn q4_0_group<const T: usize>(
+    data: &[u8],
+    nb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut GroupOut,
+) {
+    unsafe {
+        let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
+        let base = data.as_ptr().add(g * nb * Q4_0_GBB);
+        let m4 = _mm256_set1_epi8(0x0f);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); T];
+        for b in 0..nb {
+            let gb = base.add(b * Q4_0_GBB);
+            // Past the group's end this runs into the next call's group.
+            prefetch_block::<Q4_0_GBB>(gb, blocks_ahead(Q4_0_GBB));
+            let mut s16 = [_mm256_setzero_si256(); T];
+            for c in 0..4 {
+                let w = load(gb.add(Q4_0_NIBBLES + 32 * c));
+                let lo = _mm256_and_si256(w, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                for t in 0..T {
+                    let qs = &rows[t].get_unchecked(b).qs;
+                    let p = _mm256_maddubs_epi16(lo, bcast4(qs, 4 * c));
+                    let q = _mm256_maddubs_epi16(hi, bcast4(qs, 16 + 4 * c));
+                    s16[t] = _mm256_add_epi16(s16[t], _mm256_add_epi16(p, q));
+                }
+            }
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i));
+            for t in 0..T {
+                let a = rows[t].get_unchecked(b);
+                let isum = _mm256_madd_epi16(s16[t], ones);
+                let v = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * a.qsum));
+                let scale = _mm256_mul_ps(dv, _mm256_set1_ps(a.d));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), scale, acc[t]);
+            }
+        }
+        store(&acc, out);
+    }
+}
+
 macro_rules! entry {
     ($kernel:ident, $name:ident) => {
         /// A [`GroupFn`] on AVX2 (used on every x86 ISA).
@@ -396,14 +455,16 @@ macro_rules! entry {
 entry!(q4_k_group, q4_k);
 entry!(q6_k_group, q6_k);
 entry!(q5_0_group, q5_0);
+entry!(q4_0_group, q4_0);
 
-/// The AVX2 kernel for a K-quant or Q5_0 (`nb` is then the number of
-/// 256-element super-blocks, or of 32-element blocks for Q5_0, per row).
+/// The AVX2 kernel for a K-quant, Q5_0 or Q4_0 (`nb` is then the number of
+/// 256-element super-blocks, or of 32-element blocks, per row).
 pub(crate) fn group_fn(fmt: QFormat) -> Option<GroupFn> {
     match fmt {
         QFormat::Q4_K => Some(q4_k),
         QFormat::Q6_K => Some(q6_k),
         QFormat::Q5_0 => Some(q5_0),
+        QFormat::Q4_0 => Some(q4_0),
         _ => None,
     }
 }

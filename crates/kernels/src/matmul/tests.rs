@@ -98,7 +98,7 @@ fn supported_isas() -> Vec<Isa> {
 }
 
 /// Formats whose kernels are bit-identical on every ISA.
-const ISA_EXACT: [QFormat; 3] = [QFormat::Q5_0, QFormat::Q4_K, QFormat::Q6_K];
+const ISA_EXACT: [QFormat; 4] = [QFormat::Q4_0, QFormat::Q5_0, QFormat::Q4_K, QFormat::Q6_K];
 
 #[test]
 fn every_isa_and_format_matches_the_dequantized_reference() {

@@ -3,6 +3,7 @@
 //! Group-block layout (one per 8 rows × 32 inputs; row j of the group):
 //!
 //! ```text
+//! Q4_0 (144 B): d[8] f16 |            4 chunks × (row0 qs[4c..4c+4] | … | row7 qs[4c..4c+4])
 //! Q4_1 (160 B): d[8] f16 | m[8] f16 | 4 chunks × (row0 qs[4c..4c+4] | … | row7 qs[4c..4c+4])
 //! Q5_0 (176 B): d[8] f16 | h (32 B)       | 4 chunks × (row0 qs[4c..4c+4] | … )
 //! Q8_0 (272 B): d[8] f16 |             8 chunks × (row0 q[4c..4c+4]  | … | row7 q[4c..4c+4])
@@ -23,10 +24,13 @@ use crate::format::{BLOCK, QFormat, f16_at, q5_0_values};
 
 use super::GROUP;
 
+pub(crate) const Q4_0_GBB: usize = 16 + 4 * 32;
 pub(crate) const Q4_1_GBB: usize = 32 + 4 * 32;
 pub(crate) const Q5_0_GBB: usize = 16 + 32 + 4 * 32;
 pub(crate) const Q8_0_GBB: usize = 16 + 8 * 32;
 
+/// Byte offset of Q4_0's nibble chunks.
+pub(crate) const Q4_0_NIBBLES: usize = 16;
 /// Byte offset of Q5_0's fifth-bit plane.
 pub(crate) const Q5_0_BITS: usize = 16;
 /// Byte offset of Q5_0's nibble chunks.
@@ -36,6 +40,12 @@ pub(crate) const Q5_0_NIBBLES: usize = 48;
 pub(super) fn pack_row(format: QFormat, blk: &[u8], j: usize, dst: &mut [u8]) {
     dst[2 * j..2 * j + 2].copy_from_slice(&blk[0..2]);
     match format {
+        QFormat::Q4_0 => {
+            for c in 0..4 {
+                let at = Q4_0_NIBBLES + c * 32 + j * 4;
+                dst[at..at + 4].copy_from_slice(&blk[2 + 4 * c..2 + 4 * c + 4]);
+            }
+        }
         QFormat::Q4_1 => {
             dst[16 + 2 * j..16 + 2 * j + 2].copy_from_slice(&blk[2..4]);
             for c in 0..4 {
@@ -66,15 +76,15 @@ pub(super) fn pack_row(format: QFormat, blk: &[u8], j: usize, dst: &mut [u8]) {
 }
 
 /// The values of row `j` of one packed group-block, as integers before the
-/// format's offset (Q4_1: 0..16, Q5_0: 0..32, Q8_0: i8).
+/// format's offset (Q4_0 and Q4_1: 0..16, Q5_0: 0..32, Q8_0: i8).
 fn row_values(format: QFormat, gb: &[u8], j: usize) -> [i32; BLOCK] {
     let mut q = [0i32; BLOCK];
     match format {
-        QFormat::Q4_1 | QFormat::Q5_0 => {
-            let base = if format == QFormat::Q4_1 {
-                32
-            } else {
-                Q5_0_NIBBLES
+        QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q5_0 => {
+            let base = match format {
+                QFormat::Q4_0 => Q4_0_NIBBLES,
+                QFormat::Q4_1 => 32,
+                _ => Q5_0_NIBBLES,
             };
             for c in 0..4 {
                 for e in 0..4 {
@@ -117,6 +127,11 @@ pub(super) fn dequantize(format: QFormat, gb: &[u8], j: usize, out: &mut [f32]) 
                 *o = d * q as f32 + m;
             }
         }
+        QFormat::Q4_0 => {
+            for (o, q) in out.iter_mut().zip(q) {
+                *o = d * (q - 8) as f32;
+            }
+        }
         QFormat::Q5_0 => {
             for (o, q) in out.iter_mut().zip(q) {
                 *o = d * (q - 16) as f32;
@@ -145,8 +160,9 @@ pub(super) fn dot_scalar(format: QFormat, group: &[u8], arow: &[BlockQ8], out: &
                     acc += isum as f32 * (d * a.d);
                     macc += f16_at(gb, 16 + 2 * j) * a.s;
                 }
-                // The SIMD kernel's steps: the −16 offset through the
+                // The SIMD kernel's steps: the −8 / −16 offset through the
                 // activation sum, then one fused multiply-add.
+                QFormat::Q4_0 => acc = ((isum - 8 * a.qsum) as f32).mul_add(d * a.d, acc),
                 QFormat::Q5_0 => acc = ((isum - 16 * a.qsum) as f32).mul_add(d * a.d, acc),
                 _ => acc += isum as f32 * (d * a.d),
             }

@@ -22,12 +22,6 @@ pub(crate) mod kquant;
 /// Rows per group.
 pub(crate) const GROUP: usize = 8;
 
-/// Formats with a packed kernel (every format but Q4_0, whose row-major
-/// kernels in `dot` are kept for older GGUFs).
-pub(crate) fn packable(format: QFormat) -> bool {
-    !matches!(format, QFormat::Q4_0)
-}
-
 /// Bytes of one group-block (8 rows × one block of the format).
 pub(crate) const fn group_block_bytes(format: QFormat) -> usize {
     match format {
@@ -36,7 +30,7 @@ pub(crate) const fn group_block_bytes(format: QFormat) -> usize {
         QFormat::Q8_0 => blocks32::Q8_0_GBB,
         QFormat::Q4_K => kquant::Q4_K_GBB,
         QFormat::Q6_K => kquant::Q6_K_GBB,
-        QFormat::Q4_0 => 0,
+        QFormat::Q4_0 => blocks32::Q4_0_GBB,
     }
 }
 
@@ -57,11 +51,10 @@ pub(crate) fn pack(format: QFormat, rows: usize, cols: usize, src: &[u8]) -> Vec
                 }
                 let blk = &src[(row * nb + b) * bb..][..bb];
                 match format {
-                    QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q8_0 => {
+                    QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q8_0 => {
                         blocks32::pack_row(format, blk, j, dst)
                     }
                     QFormat::Q4_K | QFormat::Q6_K => kquant::pack_row(format, blk, j, dst),
-                    QFormat::Q4_0 => unreachable!("Q4_0 is not packed"),
                 }
             }
         }
@@ -83,17 +76,16 @@ pub(crate) fn dequantize_row(
     for (b, out) in out.chunks_exact_mut(format.block_len()).enumerate() {
         let gb = &data[(g * nb + b) * gbb..][..gbb];
         match format {
-            QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q8_0 => {
+            QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q8_0 => {
                 blocks32::dequantize(format, gb, j, out)
             }
             QFormat::Q4_K | QFormat::Q6_K => kquant::dequantize(format, gb, j, out),
-            QFormat::Q4_0 => unreachable!("Q4_0 is not packed"),
         }
     }
 }
 
 /// Portable kernel over a packed group: `out[t][j]` = row (8g + j) · act row
-/// (r0 + t). The K-quant and Q5_0 kernels here compute the very operations
+/// (r0 + t). The K-quant, Q5_0 and Q4_0 kernels here compute the very operations
 /// of the SIMD ones (exact integer sums, the same fused float steps), so
 /// their results are bit-identical on every ISA; Q4_1 and Q8_0 keep the
 /// accumulation structure but not the bits.
@@ -113,13 +105,12 @@ pub(crate) fn group_scalar(
     let group = &data[g * nb * gbb..(g + 1) * nb * gbb];
     for (ti, out) in out.iter_mut().enumerate().take(t) {
         match format {
-            QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q8_0 => {
+            QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q8_0 => {
                 blocks32::dot_scalar(format, group, acts.row(r0 + ti), out)
             }
             QFormat::Q4_K | QFormat::Q6_K => {
                 kquant::dot_scalar(format, group, acts.row_k(r0 + ti), out)
             }
-            QFormat::Q4_0 => unreachable!("Q4_0 is not packed"),
         }
     }
 }
