@@ -48,9 +48,14 @@ fn main() {
     let ks: Vec<usize> = env("KS")
         .map(|v| v.split(',').filter_map(|k| k.parse().ok()).collect())
         .unwrap_or(vec![1, 4, 8, 16]);
-    let isas = Isa::ALL
+    let isas: Vec<Isa> = Isa::ALL
         .into_iter()
-        .filter(|i| i.supported() && only.as_deref().is_none_or(|o| o == i.to_string()));
+        .filter(|i| i.supported() && only.as_deref().is_none_or(|o| o == i.to_string()))
+        .collect();
+    if isas.contains(&Isa::AmxInt8) {
+        // amx-int8 runs tiles for the rows the load-time measurement chose.
+        println!("tile plan: {}", tile_plan());
+    }
     for isa in isas {
         for &k in &ks {
             let x: Vec<f32> = (0..k * cols).map(|i| (i % 13) as f32 - 6.0).collect();
