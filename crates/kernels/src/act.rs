@@ -130,6 +130,23 @@ impl QuantizedRows {
         &self.blocks[r * self.blocks_per_row..(r + 1) * self.blocks_per_row]
     }
 
+    /// Rows `r0..r0 + t` of 32-element blocks, back to back: a pointer to
+    /// their first block, from which the tile kernels read the t rows
+    /// `blocks_per_row` blocks apart.
+    ///
+    /// # Panics
+    /// If the rows do not exist.
+    pub(crate) fn rows_ptr(&self, r0: usize, t: usize) -> *const BlockQ8 {
+        debug_assert_eq!(self.layout, Layout::Blocks32);
+        self.blocks[r0 * self.blocks_per_row..(r0 + t) * self.blocks_per_row].as_ptr()
+    }
+
+    /// [`QuantizedRows::rows_ptr`] for 256-element blocks.
+    pub(crate) fn rows_k_ptr(&self, r0: usize, t: usize) -> *const BlockQ8K {
+        debug_assert_eq!(self.layout, Layout::Blocks256);
+        self.kblocks[r0 * self.blocks_per_row..(r0 + t) * self.blocks_per_row].as_ptr()
+    }
+
     /// The 256-element blocks of row `r` (after [`QuantizedRows::quantize_k`]).
     #[inline(always)]
     pub fn row_k(&self, r: usize) -> &[BlockQ8K] {

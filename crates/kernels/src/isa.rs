@@ -18,7 +18,7 @@ pub enum Isa {
     Avx512Vnni,
     /// AVX-512 VNNI, plus AMX-INT8 tile kernels for the (format, rows per
     /// call) where a measurement at first use found them faster
-    /// ([`crate::tile_plan`]); Sapphire Rapids and later. Bit-identical to
+    /// ([`crate::tile_plan()`]); Sapphire Rapids and later. Bit-identical to
     /// `Avx512Vnni`.
     AmxInt8,
 }

@@ -17,7 +17,7 @@
 //! The instruction set is chosen once at run time ([`Isa::detect`]): AVX-512
 //! VNNI or AVX-VNNI `vpdpbusd`, else AVX2 `vpmaddubsw`, else portable scalar
 //! code; where AMX-INT8 runs ([`Isa::AmxInt8`]), tile kernels take the
-//! calls a measurement at first use found them faster for ([`tile_plan`]).
+//! calls a measurement at first use found them faster for ([`tile_plan()`]).
 //! All integer paths
 //! produce identical integer dot products; only the
 //! float accumulation order differs between ISAs (never between calls).

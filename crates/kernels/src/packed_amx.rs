@@ -32,33 +32,7 @@ use crate::act::{BlockQ8, QuantizedRows};
 use crate::format::QFormat;
 use crate::packed::{GROUP, group_block_bytes};
 use crate::packed_x86::{halves_pair, store_pair};
-use crate::tiles::{TileConfig, TileUnit, Weights};
-
-/// Activation rows per tile call at most (a tile has 16 rows).
-pub(crate) const MAX_T: usize = 16;
-
-/// Results for one pair of groups: `out[s][t][j]` for group g + s,
-/// activation row t and group row j.
-pub(crate) type PairOut = [[[f32; GROUP]; MAX_T]; 2];
-
-/// Computes the pairs of groups (g0 + 2i, g0 + 2i + 1), i < `pairs`, against
-/// activation rows r0..r0 + t (t ≤ 16) and hands each pair's results to
-/// `emit(g, out)`.
-///
-/// # Safety
-/// `data` must be a packed matrix of `nb` blocks per row holding those
-/// groups, rows r0..r0 + t must exist in `acts` with `nb` blocks, and
-/// [`available`] must have returned true.
-pub(crate) type AmxPairsFn = unsafe fn(
-    data: &[u8],
-    nb: usize,
-    g0: usize,
-    pairs: usize,
-    acts: &QuantizedRows,
-    r0: usize,
-    t: usize,
-    emit: &mut dyn FnMut(usize, &PairOut),
-);
+use crate::tiles::{MAX_T, PairOut, TileConfig, TileUnit, Weights, by_rows};
 
 /// Blocks per phase. A tile load right after the vector stores that wrote
 /// its data (or a vector load right after a tile store) waits for them to
@@ -215,14 +189,13 @@ unsafe fn finish<const Q4_1: bool, const T: usize>(
 }
 
 /// The pairs of groups (g0 + 2i, g0 + 2i + 1), i < `npairs`, against
-/// activation rows r0..r0 + T (see [`AmxPairsFn`]).
+/// activation rows r0..r0 + T (see [`AmxPairsFn`](crate::tiles::AmxPairsFn)).
 ///
 /// # Safety
-/// As for [`AmxPairsFn`], with `T` rows (1..=16): `data` is a packed
+/// As for [`AmxPairsFn`](crate::tiles::AmxPairsFn), with `T` rows (1..=16): `data` is a packed
 /// matrix (Q4_1 if `Q4_1`, else Q8_0) of `nb` blocks per row holding
-/// those groups, rows r0..r0 + T exist in `acts` with `nb` blocks, and
-/// [`available`] has returned true; the CPU must also support AVX-512
-/// VNNI, BW and VL (implied by `available`).
+/// those groups, rows r0..r0 + T exist in `acts` with `nb` blocks, `unit`
+/// may run here, and the CPU supports AVX-512 VNNI, BW and VL.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pairs<U: TileUnit, const Q4_1: bool, const T: usize>(
@@ -247,7 +220,8 @@ unsafe fn pairs<U: TileUnit, const Q4_1: bool, const T: usize>(
             sums: [[[0; 2 * GROUP]; MAX_T]; CHUNK],
         };
         let mut out: PairOut = [[[0.0; GROUP]; MAX_T]; 2];
-        let row0: *const BlockQ8 = acts.row(r0).as_ptr();
+        // From the slice of all T rows: the tiles read every row from it.
+        let row0: *const BlockQ8 = acts.rows_ptr(r0, T);
         let a_stride = nb * size_of::<BlockQ8>();
         for pi in 0..npairs {
             let g = g0 + 2 * pi;
@@ -290,27 +264,12 @@ unsafe fn pairs<U: TileUnit, const Q4_1: bool, const T: usize>(
     }
 }
 
-/// `$kernel::<_, lead.., t>(args)` for a run-time t in 1..=16.
-macro_rules! by_rows {
-    ($t:expr, $kernel:ident $lead:tt, $args:tt, $($n:literal)*) => {
-        match $t {
-            $($n => $crate::packed_amx::by_rows!(@call $kernel $lead, $n, $args),)*
-            _ => unreachable!("tile calls take 1..=16 rows"),
-        }
-    };
-    (@call $kernel:ident [$($lead:tt),*], $n:literal, ($($arg:expr),*)) => {
-        $kernel::<_, $($lead,)* $n>($($arg),*)
-    };
-}
-// The K-quant tile kernels (`packed_amx_kquant`) dispatch the same way.
-pub(crate) use by_rows;
-
 macro_rules! pairs_entry {
     ($name:ident, $q4_1:literal, $unit:expr) => {
-        /// An [`AmxPairsFn`].
+        /// An [`AmxPairsFn`](crate::tiles::AmxPairsFn).
         ///
         /// # Safety
-        /// As for [`AmxPairsFn`]: `data` is a packed matrix of `nb` blocks
+        /// As for [`AmxPairsFn`](crate::tiles::AmxPairsFn): `data` is a packed matrix of `nb` blocks
         /// per row holding the groups, rows `r0..r0 + t` (`t` in 1..=16)
         /// exist in `acts`, and the tile unit may run (the dispatcher picks
         /// the hardware one only for a supported `Isa::AmxInt8`).
@@ -338,17 +297,6 @@ macro_rules! pairs_entry {
 }
 pairs_entry!(q4_1_pairs, true, crate::tiles::Amx);
 pairs_entry!(q8_0_pairs, false, crate::tiles::Amx);
-
-/// The tile kernel for `fmt`, if it has one.
-pub(crate) fn pairs_fn(fmt: QFormat) -> Option<AmxPairsFn> {
-    match fmt {
-        QFormat::Q4_1 => Some(q4_1_pairs),
-        QFormat::Q8_0 => Some(q8_0_pairs),
-        QFormat::Q4_K => Some(crate::packed_amx_kquant::q4_k_pairs_amx),
-        QFormat::Q6_K => Some(crate::packed_amx_kquant::q6_k_pairs_amx),
-        _ => None,
-    }
-}
 
 /// The kernels on emulated tiles, for the tests.
 #[cfg(test)]

@@ -32,13 +32,12 @@ use crate::packed::GROUP;
 use crate::packed::kquant::{
     Q4_K_DMIN, Q4_K_GBB, Q4_K_NIB, Q4_K_SC, Q6_K_GBB, Q6_K_GROUP, Q6_K_SC, Q6_K_VALUES,
 };
-use crate::packed_amx::{MAX_T, PairOut};
 use crate::packed_kquant_512::{
     pair_ahead, q4_k_finish, q4_k_mins, q6_high, q6_k_finish, q6_k_scale_pairs, scales_i8,
     scales_u8,
 };
 use crate::packed_x86::{halves_pair, load_pair, prefetch_slice, store_pair};
-use crate::tiles::{TileConfig, TileUnit, Weights};
+use crate::tiles::{MAX_T, PairOut, TileConfig, TileUnit, Weights};
 
 /// Sub-blocks per super-block: Q4_K's are 32 inputs, Q6_K's 16.
 const Q4_K_SUBS: usize = 8;
@@ -144,6 +143,8 @@ unsafe fn q4_k_pairs<U: TileUnit, const T: usize>(
         let mut scratch = Scratch::<Q4_K_SUBS, 512>::new();
         let mut out: PairOut = [[[0.0; GROUP]; MAX_T]; 2];
         let rows: [&[BlockQ8K]; T] = std::array::from_fn(|t| acts.row_k(r0 + t));
+        // From the slice of all T rows: the tiles read every row from it.
+        let row0 = acts.rows_k_ptr(r0, T);
         let a_stride = nsb * size_of::<BlockQ8K>();
         let m4 = _mm512_set1_epi8(0x0f);
         for pi in 0..npairs {
@@ -169,7 +170,7 @@ unsafe fn q4_k_pairs<U: TileUnit, const T: usize>(
                         );
                     }
                 }
-                let qs = rows[0].get_unchecked(b).qs.as_ptr();
+                let qs = (*row0.add(b)).qs.as_ptr();
                 products(unit, |s| qs.add(32 * s), a_stride, &mut scratch);
                 let sc: [__m512i; Q4_K_SUBS] = std::array::from_fn(|s| {
                     scales_u8(p0.add(Q4_K_SC + 8 * s), p1.add(Q4_K_SC + 8 * s))
@@ -213,6 +214,8 @@ unsafe fn q6_k_pairs<U: TileUnit, const T: usize>(
         let mut scratch = Scratch::<Q6_K_SUBS, 256>::new();
         let mut out: PairOut = [[[0.0; GROUP]; MAX_T]; 2];
         let rows: [&[BlockQ8K]; T] = std::array::from_fn(|t| acts.row_k(r0 + t));
+        // From the slice of all T rows: the tiles read every row from it.
+        let row0 = acts.rows_k_ptr(r0, T);
         let a_stride = nsb * size_of::<BlockQ8K>();
         let m4 = _mm512_set1_epi8(0x0f);
         for pi in 0..npairs {
@@ -247,7 +250,7 @@ unsafe fn q6_k_pairs<U: TileUnit, const T: usize>(
                         }
                     }
                 }
-                let qs = rows[0].get_unchecked(b).qs.as_ptr();
+                let qs = (*row0.add(b)).qs.as_ptr();
                 products(unit, |u| qs.add(16 * u), a_stride, &mut scratch);
                 let sc: [__m512i; Q6_K_SUBS] = std::array::from_fn(|u| {
                     scales_i8(p0.add(Q6_K_SC + 8 * u), p1.add(Q6_K_SC + 8 * u))
@@ -272,7 +275,7 @@ unsafe fn q6_k_pairs<U: TileUnit, const T: usize>(
 /// An `AmxPairsFn` over a tile unit `$unit` for kernel `$kernel`.
 macro_rules! pairs_entry {
     ($name:ident, $kernel:ident, $unit:expr) => {
-        /// A tile kernel entry (see `packed_amx::AmxPairsFn`).
+        /// A tile kernel entry (see `tiles::AmxPairsFn`).
         ///
         /// # Safety
         /// As for `AmxPairsFn`: `data` is a packed matrix of the kernel's
@@ -294,7 +297,7 @@ macro_rules! pairs_entry {
         ) {
             let mut unit = $unit;
             unsafe {
-                crate::packed_amx::by_rows!(
+                crate::tiles::by_rows!(
                     t, $kernel [], (&mut unit, data, nb, g0, npairs, acts, r0, emit),
                     1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16
                 )

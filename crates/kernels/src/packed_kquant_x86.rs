@@ -6,8 +6,8 @@
 //! before one `vpmaddwd` widens them, and that `vpmaddwd` multiplies by the
 //! sub-block scale at the same time (llama.cpp's trick). Bounds, per i16
 //! lane (two products of |a| ≤ 127): Q4_K 3 810, summed over 8 chunks; Q6_K
-//! 16 002, over 2; Q5_0 7 874, over 4; Q4_0 3 810, over 4; all below
-//! 32 767.
+//! 16 002, over 2; Q5_0 7 874, over 4; Q4_0 3 810, over 8 (30 480); all
+//! below 32 767.
 //!
 //! The same AVX2 kernels run on every x86 ISA (`vpmaddubsw` exists on all of
 //! them): integer sums are exact and the float steps are those of the

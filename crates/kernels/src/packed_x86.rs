@@ -322,8 +322,8 @@ pub(crate) unsafe fn prefetch_slice<const GBB: usize>(p: *const u8, ahead: usize
     }
 }
 
-/// How far ahead the 32-input-block kernels (Q4_1, Q8_0, group-blocks of
-/// `gbb` bytes) ask for weights, in blocks: about as far as the K-quant
+/// How far ahead the 32-input-block kernels (Q4_0, Q4_1, Q5_0, Q8_0:
+/// group-blocks of `gbb` bytes) ask for weights, in blocks: about as far as the K-quant
 /// kernels ([`PREFETCH_AHEAD`] Q4_K super-blocks, 2.4 KB per group).
 ///
 /// Measured with `kb` on 500000×1536 matrices (from DRAM), AVX-512 VNNI,

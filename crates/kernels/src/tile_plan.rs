@@ -22,8 +22,6 @@ use std::time::{Duration, Instant};
 use crate::act::QuantizedRows;
 use crate::format::QFormat;
 use crate::isa::Isa;
-use crate::matmul::{QMatrix, Weights};
-use crate::threads::ThreadPool;
 
 /// How much faster tiles must be for a row count to go to them.
 pub const MIN_GAIN: f64 = 0.05;
@@ -101,7 +99,7 @@ impl fmt::Display for RowSet {
 pub(crate) struct TileCalls {
     pub(crate) rows: RowSet,
     #[cfg(target_arch = "x86_64")]
-    pub(crate) kernel: Option<crate::packed_amx::AmxPairsFn>,
+    pub(crate) kernel: Option<crate::tiles::AmxPairsFn>,
 }
 
 impl TileCalls {
@@ -120,7 +118,7 @@ impl TileCalls {
         TileCalls {
             rows,
             #[cfg(target_arch = "x86_64")]
-            kernel: crate::packed_amx::pairs_fn(format),
+            kernel: pairs_fn(format),
         }
     }
 }
@@ -154,7 +152,8 @@ impl TilePlan {
     }
 }
 
-/// `Q4_K tiles 2-16 rows, Q8_0 none, Q4_1 refused (results differed)`.
+/// `Q4_K tiles for 2-16 rows, Q8_0 none, Q4_1 refused (results differed
+/// from VNNI)`.
 impl fmt::Display for TilePlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.formats.is_empty() {
@@ -189,29 +188,31 @@ pub fn tile_plan() -> &'static TilePlan {
     })
 }
 
-/// The formats that have a tile kernel.
-fn tiled_formats() -> Vec<QFormat> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        [QFormat::Q4_K, QFormat::Q6_K, QFormat::Q4_1, QFormat::Q8_0]
-            .into_iter()
-            .filter(|f| crate::packed_amx::pairs_fn(*f).is_some())
-            .collect()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        Vec::new()
+/// The AMX tile kernel of `format`, if it has one.
+#[cfg(target_arch = "x86_64")]
+fn pairs_fn(format: QFormat) -> Option<crate::tiles::AmxPairsFn> {
+    match format {
+        QFormat::Q4_1 => Some(crate::packed_amx::q4_1_pairs),
+        QFormat::Q8_0 => Some(crate::packed_amx::q8_0_pairs),
+        QFormat::Q4_K => Some(crate::packed_amx_kquant::q4_k_pairs_amx),
+        QFormat::Q6_K => Some(crate::packed_amx_kquant::q6_k_pairs_amx),
+        _ => None,
     }
 }
 
 fn measure() -> TilePlan {
-    let pool = ThreadPool::new(1);
-    TilePlan {
-        formats: tiled_formats()
-            .into_iter()
-            .map(|f| measure_format(f, TileCalls::hardware(f, RowSet::from(1)), &pool))
-            .collect(),
+    #[cfg(target_arch = "x86_64")]
+    {
+        let formats = [QFormat::Q4_K, QFormat::Q6_K, QFormat::Q4_1, QFormat::Q8_0];
+        TilePlan {
+            formats: formats
+                .into_iter()
+                .filter_map(|f| Some(measure_format(f, pairs_fn(f)?)))
+                .collect(),
+        }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    TilePlan::default()
 }
 
 /// Output rows and inputs of the measured matrix: 256 rows of 2048 inputs
@@ -223,23 +224,33 @@ const COLS: usize = 2048;
 const CALLS: usize = 4;
 const ROUNDS: usize = 3;
 
-/// Times `format`'s VNNI kernels against the tile kernel of `tiles` (its
-/// row set is ignored) at 1..=16 rows per call and compares their bits.
-fn measure_format(format: QFormat, tiles: TileCalls, pool: &ThreadPool) -> FormatPlan {
+/// Times `format`'s AVX-512 VNNI pair kernel against the tile kernel
+/// `tiles` at 1..=16 rows per call, one thread, over all pairs of groups
+/// of a synthetic matrix, and compares their bits. (Kernel calls, not
+/// `QMatrix::forward`: the matmul asks this plan which kernel to use.)
+#[cfg(target_arch = "x86_64")]
+fn measure_format(format: QFormat, tiles: crate::tiles::AmxPairsFn) -> FormatPlan {
+    use crate::packed::{self, GROUP};
+    let vnni = crate::packed_kquant_512::pair_fn(Isa::Avx512Vnni, format)
+        .or_else(|| crate::packed_x86::pair_fn(Isa::Avx512Vnni, format))
+        .expect("every format with a tile kernel has a VNNI pair kernel");
     let mut rng = SplitMix(0x5eed ^ format as u64);
-    let w = QMatrix::new(
+    let data = packed::pack(
+        format,
         ROWS,
         COLS,
-        Weights::Quant {
-            format,
-            data: synthetic_rows(format, ROWS, COLS, &mut rng),
-        },
-    )
-    .expect("the synthetic matrix has the layout of its format");
+        &synthetic_rows(format, ROWS, COLS, &mut rng),
+    );
     let x: Vec<f32> = (0..RowSet::MAX_ROWS * COLS)
         .map(|_| (rng.next() % 4001) as f32 / 1000.0 - 2.0)
         .collect();
-    let mut scratch = QuantizedRows::default();
+    let mut acts = QuantizedRows::default();
+    if format.super_block_activations() {
+        acts.quantize_k(&x, COLS);
+    } else {
+        acts.quantize(&x, COLS);
+    }
+    let (nb, pairs) = (COLS / format.block_len(), ROWS / GROUP / 2);
     let mut plan = FormatPlan {
         format,
         tiles: RowSet::EMPTY,
@@ -247,27 +258,54 @@ fn measure_format(format: QFormat, tiles: TileCalls, pool: &ThreadPool) -> Forma
         mismatch: false,
     };
     for t in 1..=RowSet::MAX_ROWS {
-        let x = &x[..t * COLS];
-        let mut only_t = TileCalls {
-            rows: RowSet::EMPTY,
-            ..tiles
+        // out[r · ROWS + feature], as the matmul lays results out.
+        let mut on_vnni = vec![0.0f32; t * ROWS];
+        let mut on_tiles = vec![f32::NAN; t * ROWS];
+        let run_vnni = |out: &mut [f32]| {
+            let mut tmp = [[[0.0f32; GROUP]; 8]; 2];
+            for g in (0..2 * pairs).step_by(2) {
+                let mut r = 0;
+                while r < t {
+                    let tt = (t - r).min(8);
+                    // SAFETY: groups g, g + 1 and rows r..r + tt exist, and
+                    // the caller only measures where AVX-512 VNNI runs.
+                    unsafe { vnni(&data, nb, g, &acts, r, tt, &mut tmp) };
+                    for (s, res) in tmp.iter().enumerate() {
+                        for (i, row) in res.iter().enumerate().take(tt) {
+                            let at = (r + i) * ROWS + (g + s) * GROUP;
+                            out[at..at + GROUP].copy_from_slice(row);
+                        }
+                    }
+                    r += tt;
+                }
+            }
         };
-        only_t.rows.insert(t);
-        let (mut vnni, mut on_tiles) = (vec![0.0f32; t * ROWS], vec![0.0f32; t * ROWS]);
+        let run_tiles = |out: &mut [f32]| {
+            let mut emit = |g: usize, res: &crate::tiles::PairOut| {
+                for (s, res) in res.iter().enumerate() {
+                    for (i, row) in res.iter().enumerate().take(t) {
+                        let at = i * ROWS + (g + s) * GROUP;
+                        out[at..at + GROUP].copy_from_slice(row);
+                    }
+                }
+            };
+            // SAFETY: as above, and `tiles` may run here (the caller's).
+            unsafe { tiles(&data, nb, 0, pairs, &acts, 0, t, &mut emit) };
+        };
         let (mut vnni_time, mut tile_time) = (Duration::MAX, Duration::MAX);
         for _ in 0..ROUNDS {
-            for (set, out, best) in [
-                (TileCalls::NONE, &mut vnni, &mut vnni_time),
-                (only_t, &mut on_tiles, &mut tile_time),
-            ] {
-                let start = Instant::now();
-                for _ in 0..CALLS {
-                    w.forward_tiled(x, &mut scratch, out, Isa::Avx512Vnni, set, pool);
-                }
-                *best = (*best).min(start.elapsed());
+            let start = Instant::now();
+            for _ in 0..CALLS {
+                run_vnni(&mut on_vnni);
             }
+            vnni_time = vnni_time.min(start.elapsed());
+            let start = Instant::now();
+            for _ in 0..CALLS {
+                run_tiles(&mut on_tiles);
+            }
+            tile_time = tile_time.min(start.elapsed());
         }
-        if vnni
+        if on_vnni
             .iter()
             .map(|v| v.to_bits())
             .ne(on_tiles.iter().map(|v| v.to_bits()))
@@ -360,7 +398,7 @@ mod tests {
 
     /// The tile kernels of `format` on emulated tiles.
     #[cfg(target_arch = "x86_64")]
-    fn emulated(format: QFormat) -> crate::packed_amx::AmxPairsFn {
+    fn emulated(format: QFormat) -> crate::tiles::AmxPairsFn {
         use crate::packed_amx::emulated::*;
         use crate::packed_amx_kquant::emulated::*;
         match format {
@@ -381,13 +419,8 @@ mod tests {
             eprintln!("skipped: this CPU lacks {}", Isa::Avx512Vnni);
             return;
         }
-        let pool = ThreadPool::new(1);
         for format in [QFormat::Q4_K, QFormat::Q6_K, QFormat::Q4_1, QFormat::Q8_0] {
-            let calls = TileCalls {
-                rows: RowSet::EMPTY,
-                kernel: Some(emulated(format)),
-            };
-            let p = measure_format(format, calls, &pool);
+            let p = measure_format(format, emulated(format));
             assert!(!p.mismatch, "{format:?}");
             assert!(p.tiles.is_empty(), "{format:?}: {}", p.tiles);
             assert!(
@@ -407,9 +440,9 @@ mod tests {
             acts: &QuantizedRows,
             r0: usize,
             t: usize,
-            emit: &mut dyn FnMut(usize, &crate::packed_amx::PairOut),
+            emit: &mut dyn FnMut(usize, &crate::tiles::PairOut),
         ) {
-            let mut flip = |g: usize, out: &crate::packed_amx::PairOut| {
+            let mut flip = |g: usize, out: &crate::tiles::PairOut| {
                 let mut out = *out;
                 out.iter_mut()
                     .flatten()
@@ -420,11 +453,7 @@ mod tests {
             // SAFETY: the caller's contract, passed on.
             unsafe { emulated(QFormat::Q4_K)(data, nb, g0, npairs, acts, r0, t, &mut flip) }
         }
-        let calls = TileCalls {
-            rows: RowSet::EMPTY,
-            kernel: Some(off_by_a_bit),
-        };
-        let p = measure_format(QFormat::Q4_K, calls, &pool);
+        let p = measure_format(QFormat::Q4_K, off_by_a_bit);
         assert!(p.mismatch);
         assert!(p.tiles.is_empty());
         assert_eq!(

@@ -1,11 +1,11 @@
 //! The AMX tile operations the tile kernels use, behind one trait with two
-//! implementations: [`Amx`], the instructions themselves, and [`Emulated`],
+//! implementations: [`Amx`], the instructions themselves, and `Emulated`,
 //! the same operations in plain Rust.
 //!
 //! Why an emulation: a tile kernel's hard part is its data layout (which
 //! bytes land in which tile row, which sums come back where), and that is
 //! the same whoever executes the tile operations. The kernels are generic
-//! over [`TileUnit`], so the tests run every kernel on [`Emulated`] tiles on
+//! over [`TileUnit`], so the tests run every kernel on `Emulated` tiles on
 //! any AVX-512 machine and compare it bit for bit with the VNNI kernels;
 //! on a CPU with AMX the same tests run the instructions too. `Emulated`
 //! also checks what the hardware would fault on (tile shapes that do not
@@ -20,11 +20,56 @@
 
 use std::arch::asm;
 
+use crate::act::QuantizedRows;
+use crate::packed::GROUP;
+
 /// Rows of a tile at most (activation rows one tile product takes).
 pub(crate) const MAX_ROWS: usize = 16;
 
 /// Bytes per weight-tile and sum-tile row (16 output rows × 4 bytes).
 pub(crate) const ROW_BYTES: usize = 64;
+
+/// Activation rows per tile call at most (a tile has 16 rows).
+pub(crate) const MAX_T: usize = MAX_ROWS;
+
+/// Results for one pair of groups: `out[s][t][j]` for group g + s,
+/// activation row t and group row j.
+pub(crate) type PairOut = [[[f32; GROUP]; MAX_T]; 2];
+
+/// Computes the pairs of groups (g0 + 2i, g0 + 2i + 1), i < `pairs`, against
+/// activation rows r0..r0 + t (t ≤ 16) and hands each pair's results to
+/// `emit(g, out)`.
+///
+/// # Safety
+/// `data` must be a packed matrix of `nb` blocks per row holding those
+/// groups, rows r0..r0 + t must exist in `acts` with `nb` blocks, the CPU
+/// must support AVX-512 VNNI, BW and VL, and the kernel's tile unit must
+/// run here (the AMX one: `Isa::AmxInt8.supported()`; the emulated one of
+/// the tests needs nothing more).
+pub(crate) type AmxPairsFn = unsafe fn(
+    data: &[u8],
+    nb: usize,
+    g0: usize,
+    pairs: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    t: usize,
+    emit: &mut dyn FnMut(usize, &PairOut),
+);
+
+/// `$kernel::<_, lead.., t>(args)` for a run-time t in 1..=16.
+macro_rules! by_rows {
+    ($t:expr, $kernel:ident $lead:tt, $args:tt, $($n:literal)*) => {
+        match $t {
+            $($n => $crate::tiles::by_rows!(@call $kernel $lead, $n, $args),)*
+            _ => unreachable!("tile calls take 1..=16 rows"),
+        }
+    };
+    (@call $kernel:ident [$($lead:tt),*], $n:literal, ($($arg:expr),*)) => {
+        $kernel::<_, $($lead,)* $n>($($arg),*)
+    };
+}
+pub(crate) use by_rows;
 
 /// The signedness of the weight bytes in a product (activations are
 /// always signed i8).

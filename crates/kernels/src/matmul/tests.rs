@@ -397,8 +397,9 @@ fn tile_kernels_on_emulated_tiles_give_the_bits_of_the_vnni_kernels() {
     // The tile kernels' layouts (weight tiles, activation rows, sums) and
     // the matmul's split of rows between tiles and VNNI, run here on
     // `tiles::Emulated` on any AVX-512 VNNI machine: an odd number of
-    // groups (the last one goes to VNNI), calls of 1 to 16 rows, more rows
-    // than one tile call takes, and some row counts left to VNNI.
+    // groups (the last one goes to VNNI), more groups per thread than one
+    // block, calls of 1 to 16 rows, more rows than one tile call takes, and
+    // some row counts left to VNNI.
     use crate::packed_amx::emulated::*;
     use crate::packed_amx_kquant::emulated::*;
     use crate::tile_plan::RowSet;
@@ -409,14 +410,16 @@ fn tile_kernels_on_emulated_tiles_give_the_bits_of_the_vnni_kernels() {
     let mut rng = StdRng::seed_from_u64(29);
     let pool = ThreadPool::new(2);
     let mut s = QuantizedRows::default();
-    let kernels: [(QFormat, crate::packed_amx::AmxPairsFn); 4] = [
+    let kernels: [(QFormat, crate::tiles::AmxPairsFn); 4] = [
         (QFormat::Q4_1, q4_1_pairs_emulated),
         (QFormat::Q8_0, q8_0_pairs_emulated),
         (QFormat::Q4_K, q4_k_pairs_emulated),
         (QFormat::Q6_K, q6_k_pairs_emulated),
     ];
     for (format, kernel) in kernels {
-        let (rows, cols) = (45, cols_for(format, 576));
+        // 38 groups: 19 per thread, a block of 8 pairs, then 1 pair and
+        // an odd last group.
+        let (rows, cols) = (301, cols_for(format, 576));
         let w = random_quant(format, rows, cols, &mut rng);
         let x = random_acts(40, cols, &mut rng);
         for (k, from) in [
