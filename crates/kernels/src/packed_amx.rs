@@ -32,7 +32,7 @@ use crate::act::{BlockQ8, QuantizedRows};
 use crate::format::QFormat;
 use crate::packed::{GROUP, group_block_bytes};
 use crate::packed_x86::{halves_pair, store_pair};
-use crate::tiles::{MAX_T, PairOut, TileConfig, TileUnit, Weights, by_rows};
+use crate::tiles::{MAX_T, PairOut, TileConfig, TileUnit, Weights, tile_entry};
 
 /// Blocks per phase. A tile load right after the vector stores that wrote
 /// its data (or a vector load right after a tile store) waits for them to
@@ -264,45 +264,22 @@ unsafe fn pairs<U: TileUnit, const Q4_1: bool, const T: usize>(
     }
 }
 
-macro_rules! pairs_entry {
-    ($name:ident, $q4_1:literal, $unit:expr) => {
-        /// An [`AmxPairsFn`](crate::tiles::AmxPairsFn).
-        ///
-        /// # Safety
-        /// As for [`AmxPairsFn`](crate::tiles::AmxPairsFn): `data` is a packed matrix of `nb` blocks
-        /// per row holding the groups, rows `r0..r0 + t` (`t` in 1..=16)
-        /// exist in `acts`, and the tile unit may run (the dispatcher picks
-        /// the hardware one only for a supported `Isa::AmxInt8`).
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        #[allow(clippy::too_many_arguments)]
-        pub(crate) unsafe fn $name(
-            data: &[u8],
-            nb: usize,
-            g0: usize,
-            npairs: usize,
-            acts: &QuantizedRows,
-            r0: usize,
-            t: usize,
-            emit: &mut dyn FnMut(usize, &PairOut),
-        ) {
-            let mut unit = $unit;
-            unsafe {
-                by_rows!(
-                    t, pairs [$q4_1], (&mut unit, data, nb, g0, npairs, acts, r0, emit),
-                    1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16
-                )
-            }
-        }
-    };
-}
-pairs_entry!(q4_1_pairs, true, crate::tiles::Amx);
-pairs_entry!(q8_0_pairs, false, crate::tiles::Amx);
+tile_entry!(q4_1_pairs, pairs[true], crate::tiles::Amx);
+tile_entry!(q8_0_pairs, pairs[false], crate::tiles::Amx);
 
 /// The kernels on emulated tiles, for the tests.
 #[cfg(test)]
 pub(crate) mod emulated {
     use super::*;
 
-    pairs_entry!(q4_1_pairs_emulated, true, crate::tiles::Emulated::new());
-    pairs_entry!(q8_0_pairs_emulated, false, crate::tiles::Emulated::new());
+    tile_entry!(
+        q4_1_pairs_emulated,
+        pairs[true],
+        crate::tiles::Emulated::new()
+    );
+    tile_entry!(
+        q8_0_pairs_emulated,
+        pairs[false],
+        crate::tiles::Emulated::new()
+    );
 }

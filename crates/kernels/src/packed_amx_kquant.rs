@@ -37,7 +37,7 @@ use crate::packed_kquant_512::{
     scales_u8,
 };
 use crate::packed_x86::{halves_pair, load_pair, prefetch_slice, store_pair};
-use crate::tiles::{MAX_T, PairOut, TileConfig, TileUnit, Weights};
+use crate::tiles::{MAX_T, PairOut, TileConfig, TileUnit, Weights, tile_entry};
 
 /// Sub-blocks per super-block: Q4_K's are 32 inputs, Q6_K's 16.
 const Q4_K_SUBS: usize = 8;
@@ -272,56 +272,14 @@ unsafe fn q6_k_pairs<U: TileUnit, const T: usize>(
     }
 }
 
-/// An `AmxPairsFn` over a tile unit `$unit` for kernel `$kernel`.
-macro_rules! pairs_entry {
-    ($name:ident, $kernel:ident, $unit:expr) => {
-        /// A tile kernel entry (see `tiles::AmxPairsFn`).
-        ///
-        /// # Safety
-        /// As for `AmxPairsFn`: `data` is a packed matrix of the kernel's
-        /// format with `nb` super-blocks per row holding the groups, rows
-        /// `r0..r0 + t` (`t` in 1..=16) exist in `acts`, and the tile unit
-        /// may run (the dispatcher picks the hardware one only for a
-        /// supported `Isa::AmxInt8`).
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        #[allow(clippy::too_many_arguments)]
-        pub(crate) unsafe fn $name(
-            data: &[u8],
-            nb: usize,
-            g0: usize,
-            npairs: usize,
-            acts: &QuantizedRows,
-            r0: usize,
-            t: usize,
-            emit: &mut dyn FnMut(usize, &PairOut),
-        ) {
-            let mut unit = $unit;
-            unsafe {
-                crate::tiles::by_rows!(
-                    t, $kernel [], (&mut unit, data, nb, g0, npairs, acts, r0, emit),
-                    1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16
-                )
-            }
-        }
-    };
-}
-
-pairs_entry!(q4_k_pairs_amx, q4_k_pairs, crate::tiles::Amx);
-pairs_entry!(q6_k_pairs_amx, q6_k_pairs, crate::tiles::Amx);
+tile_entry!(q4_k_pairs_amx, q4_k_pairs [], crate::tiles::Amx);
+tile_entry!(q6_k_pairs_amx, q6_k_pairs [], crate::tiles::Amx);
 
 /// The kernels on emulated tiles, for the tests.
 #[cfg(test)]
 pub(crate) mod emulated {
     use super::*;
 
-    pairs_entry!(
-        q4_k_pairs_emulated,
-        q4_k_pairs,
-        crate::tiles::Emulated::new()
-    );
-    pairs_entry!(
-        q6_k_pairs_emulated,
-        q6_k_pairs,
-        crate::tiles::Emulated::new()
-    );
+    tile_entry!(q4_k_pairs_emulated, q4_k_pairs [], crate::tiles::Emulated::new());
+    tile_entry!(q6_k_pairs_emulated, q6_k_pairs [], crate::tiles::Emulated::new());
 }

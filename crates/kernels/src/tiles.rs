@@ -71,6 +71,42 @@ macro_rules! by_rows {
 }
 pub(crate) use by_rows;
 
+/// Defines `$name`, an [`AmxPairsFn`] running `$kernel::<_, lead.., t>`
+/// on tile unit `$unit` (the hardware one, or the emulation of the tests).
+macro_rules! tile_entry {
+    ($name:ident, $kernel:ident $lead:tt, $unit:expr) => {
+        /// An [`AmxPairsFn`](crate::tiles::AmxPairsFn).
+        ///
+        /// # Safety
+        /// As for `AmxPairsFn`: `data` is a packed matrix of the kernel's
+        /// format with `nb` blocks (or super-blocks) per row holding the
+        /// groups, rows `r0..r0 + t` (`t` in 1..=16) exist in `acts`, and
+        /// the tile unit may run (the dispatcher picks the hardware one
+        /// only for a supported `Isa::AmxInt8`).
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) unsafe fn $name(
+            data: &[u8],
+            nb: usize,
+            g0: usize,
+            npairs: usize,
+            acts: &$crate::act::QuantizedRows,
+            r0: usize,
+            t: usize,
+            emit: &mut dyn FnMut(usize, &$crate::tiles::PairOut),
+        ) {
+            let mut unit = $unit;
+            unsafe {
+                $crate::tiles::by_rows!(
+                    t, $kernel $lead, (&mut unit, data, nb, g0, npairs, acts, r0, emit),
+                    1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16
+                )
+            }
+        }
+    };
+}
+pub(crate) use tile_entry;
+
 /// The signedness of the weight bytes in a product (activations are
 /// always signed i8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
