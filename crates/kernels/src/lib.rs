@@ -36,6 +36,8 @@ mod packed_amx;
 #[cfg(target_arch = "x86_64")]
 mod packed_amx_kquant;
 #[cfg(target_arch = "x86_64")]
+mod packed_blocks32_512;
+#[cfg(target_arch = "x86_64")]
 mod packed_kquant_512;
 #[cfg(target_arch = "x86_64")]
 mod packed_kquant_x86;

@@ -301,7 +301,7 @@ impl QMatrix {
         #[cfg(target_arch = "x86_64")]
         let (pair, pair_min_rows) = match crate::packed_kquant_512::pair_fn(isa, format) {
             Some(f) => (Some(f), crate::packed_kquant_512::MIN_ROWS),
-            None => (crate::packed_x86::pair_fn(isa, format), 1),
+            None => (crate::packed_blocks32_512::pair_fn(isa, format), 1),
         };
         #[cfg(target_arch = "x86_64")]
         let amx = tiles.kernel.filter(|_| !tiles.rows.is_empty());

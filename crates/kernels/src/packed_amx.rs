@@ -6,7 +6,7 @@
 //! of 16 weight rows (two groups) with up to 16 activation rows.
 //!
 //! The integer block sums are exact whoever computes them, and the float
-//! epilogue below does per lane exactly what `packed_x86`'s 512-bit pair
+//! epilogue below does per lane exactly what `packed_blocks32_512`'s pair
 //! kernels do (same operations, same order). A row's result is therefore
 //! bit-identical to the VNNI kernels', so the caller may use tiles for large
 //! k and VNNI for small k without breaking batch invariance.

@@ -232,7 +232,7 @@ const ROUNDS: usize = 3;
 fn measure_format(format: QFormat, tiles: crate::tiles::AmxPairsFn) -> FormatPlan {
     use crate::packed::{self, GROUP};
     let vnni = crate::packed_kquant_512::pair_fn(Isa::Avx512Vnni, format)
-        .or_else(|| crate::packed_x86::pair_fn(Isa::Avx512Vnni, format))
+        .or_else(|| crate::packed_blocks32_512::pair_fn(Isa::Avx512Vnni, format))
         .expect("every format with a tile kernel has a VNNI pair kernel");
     let mut rng = SplitMix(0x5eed ^ format as u64);
     let data = packed::pack(
