@@ -33,7 +33,7 @@ use crate::packed::kquant::{
     Q4_K_DMIN, Q4_K_GBB, Q4_K_NIB, Q4_K_SC, Q6_K_GBB, Q6_K_GROUP, Q6_K_SC, Q6_K_VALUES,
 };
 use crate::packed_kquant_512::{
-    pair_ahead, q4_k_finish, q4_k_mins, q6_high, q6_k_finish, q6_k_scale_pairs, scales_i8,
+    pair_ahead, q4_k_finish, q4_k_mins, q6_k_finish, q6_k_scale_pairs, q6_values, scales_i8,
     scales_u8,
 };
 use crate::packed_x86::{halves_pair, load_pair, prefetch_slice, store_pair};
@@ -239,13 +239,7 @@ unsafe fn q6_k_pairs<U: TileUnit, const T: usize>(
                         let h = load_pair(rec0.add(128 + 32 * side), rec1.add(128 + 32 * side));
                         let dst = scratch.w[2 * q + side].as_mut_ptr() as *mut __m512i;
                         for c in 0..4 {
-                            let w = load_pair(rec0.add(32 * c), rec1.add(32 * c));
-                            let w = if side == 0 {
-                                w
-                            } else {
-                                _mm512_srli_epi16(w, 4)
-                            };
-                            let v = _mm512_or_si512(_mm512_and_si512(w, m4), q6_high(h, c));
+                            let v = q6_values(rec0, rec1, h, side, c, m4);
                             _mm512_store_si512(dst.add(c), v);
                         }
                     }

@@ -221,7 +221,7 @@ unsafe fn q4_k_pair<const T: usize>(
 /// # Safety
 /// AVX-512 F and BW (callers are the entry points below).
 #[inline(always)]
-pub(crate) unsafe fn q6_high(h: __m512i, c: usize) -> __m512i {
+unsafe fn q6_high(h: __m512i, c: usize) -> __m512i {
     unsafe {
         let m = _mm512_set1_epi8(0x30);
         match c {
@@ -230,6 +230,34 @@ pub(crate) unsafe fn q6_high(h: __m512i, c: usize) -> __m512i {
             2 => _mm512_and_si512(h, m),
             _ => _mm512_and_si512(_mm512_srli_epi16(h, 2), m),
         }
+    }
+}
+
+/// The 6-bit values of chunk `c` of both groups' Q6_K records at `rec0`
+/// and `rec1`: the low nibbles (`side` 0, sub-block 2q) or the high ones
+/// (`side` 1, sub-block 2q + 1), with their top two bits from `h` (that
+/// side's bit plane). Shared by the VNNI and the tile kernels.
+///
+/// # Safety
+/// `rec0` and `rec1` must each point to a whole 192-byte record; AVX-512 F
+/// and BW (callers as for [`q4_k_mins`]).
+#[inline(always)]
+pub(crate) unsafe fn q6_values(
+    rec0: *const u8,
+    rec1: *const u8,
+    h: __m512i,
+    side: usize,
+    c: usize,
+    m4: __m512i,
+) -> __m512i {
+    unsafe {
+        let w = load_pair(rec0.add(32 * c), rec1.add(32 * c));
+        let w = if side == 0 {
+            w
+        } else {
+            _mm512_srli_epi16(w, 4)
+        };
+        _mm512_or_si512(_mm512_and_si512(w, m4), q6_high(h, c))
     }
 }
 
@@ -272,13 +300,7 @@ unsafe fn q6_k_pair<const T: usize>(
                     // Independent partial sums with few rows (see q4_k_pair).
                     let mut part = [[_mm512_setzero_si512(); CHAINS]; T];
                     for c in 0..4 {
-                        let w = load_pair(rec0.add(32 * c), rec1.add(32 * c));
-                        let w = if side == 0 {
-                            w
-                        } else {
-                            _mm512_srli_epi16(w, 4)
-                        };
-                        let v = _mm512_or_si512(_mm512_and_si512(w, m4), q6_high(h, c));
+                        let v = q6_values(rec0, rec1, h, side, c, m4);
                         let k = chains::<T>(c).0;
                         for t in 0..T {
                             let qs = &rows[t].get_unchecked(b).qs;
