@@ -576,3 +576,6 @@ fn verify(
 fn micros(secs: f64) -> u32 {
     (secs * 1e6).round().clamp(0.0, f64::from(u32::MAX)) as u32
 }
+
+#[cfg(test)]
+mod tests;
