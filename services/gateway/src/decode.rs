@@ -95,6 +95,10 @@ struct Progress {
     /// Output of the final step, kept back to travel with the summary (so
     /// the last streamed chunk carries both).
     tail: Delta,
+    /// Prompt tokens the first placement's verifier found cached. A
+    /// resumed session's later placements prefill what the first did not,
+    /// but the prompt was read once: its reuse is the first's.
+    cached_tokens: Option<u32>,
 }
 
 /// Why one placement of a request ended without finishing it.
@@ -158,6 +162,7 @@ impl DecodeLoop {
             first_token_at: None,
             last_token_at: None,
             tail: Delta::default(),
+            cached_tokens: None,
         };
         // Verifiers this request failed on, each with its recovery count
         // then: one the health watch has since seen come back up (a
@@ -296,12 +301,16 @@ impl DecodeLoop {
         loop {
             let event = next_event(&mut events, ctx).await?;
             match event {
-                Event::Started(s) => debug!(
-                    reused_tokens = s.reused_tokens,
-                    prefill_seconds = s.prefill_seconds,
-                    drafting = s.drafting,
-                    "session started"
-                ),
+                Event::Started(s) => {
+                    debug!(
+                        reused_tokens = s.reused_tokens,
+                        prefill_seconds = s.prefill_seconds,
+                        drafting = s.drafting,
+                        "session started"
+                    );
+                    let cached = s.reused_tokens.min(request.prompt_len());
+                    progress.cached_tokens.get_or_insert(cached);
+                }
                 Event::Committed(step) => {
                     if let Some(reason) =
                         commit(request, ctx, &self.metrics, progress, step, sink).await?
@@ -362,6 +371,7 @@ impl Progress {
                 &self.output.committed()
                     [..self.output.reported().min(self.output.committed().len())],
                 u32::try_from(self.output.reported()).unwrap_or(u32::MAX),
+                self.cached_tokens.unwrap_or(0),
             ),
             speculation: self.stats.to_wire(),
             time_to_first_token: self
@@ -371,9 +381,15 @@ impl Progress {
     }
 }
 
-/// Token counts; with a prediction, how much of it the output used (its
-/// tokens in the longest common subsequence with the output).
-fn usage(request: &ValidGenerateRequest, output: &[u32], completion_tokens: u32) -> Usage {
+/// Token counts, the prompt's cached ones among them; with a prediction,
+/// how much of it the output used (its tokens in the longest common
+/// subsequence with the output).
+fn usage(
+    request: &ValidGenerateRequest,
+    output: &[u32],
+    completion_tokens: u32,
+    cached_tokens: u32,
+) -> Usage {
     let accepted = crate::stats::common_subsequence(&request.prediction, output);
     let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     Usage {
@@ -381,6 +397,7 @@ fn usage(request: &ValidGenerateRequest, output: &[u32], completion_tokens: u32)
         completion_tokens,
         accepted_prediction_tokens: count(accepted),
         rejected_prediction_tokens: count(request.prediction.len() - accepted),
+        cached_tokens,
     }
 }
 

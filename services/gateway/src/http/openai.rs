@@ -356,10 +356,17 @@ pub struct CompletionTokensDetails {
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV cache was reused, not computed.
+    pub cached_tokens: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub total_tokens: u32,
+    pub prompt_tokens_details: PromptTokensDetails,
     pub completion_tokens_details: CompletionTokensDetails,
 }
 
@@ -369,6 +376,9 @@ impl From<v1::Usage> for Usage {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
             total_tokens: u.prompt_tokens.saturating_add(u.completion_tokens),
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: u.cached_tokens,
+            },
             completion_tokens_details: CompletionTokensDetails {
                 accepted_prediction_tokens: u.accepted_prediction_tokens,
                 rejected_prediction_tokens: u.rejected_prediction_tokens,

@@ -94,15 +94,17 @@ fn completions_take_one_prompt_and_openais_defaults() {
 }
 
 #[test]
-fn usage_carries_the_prediction_counts_under_openais_names() {
+fn usage_carries_the_prediction_and_cache_counts_under_openais_names() {
     let u = Usage::from(v1::Usage {
         prompt_tokens: 3,
         completion_tokens: 4,
         accepted_prediction_tokens: 2,
         rejected_prediction_tokens: 1,
+        cached_tokens: 2,
     });
     let v = serde_json::to_value(u).unwrap();
     assert_eq!(v["total_tokens"], 7);
+    assert_eq!(v["prompt_tokens_details"]["cached_tokens"], 2);
     assert_eq!(
         v["completion_tokens_details"]["accepted_prediction_tokens"],
         2
