@@ -44,13 +44,13 @@ pub async fn drive(
         drafter = run.draft.as_ref().map_or("", |d| d.endpoint.as_str()),
     );
     async move {
-        let kept = match drive_inner(&v, &run, cached, &events).await {
-            Ok(session) => Some(session),
-            Err(VerifierError::CallerGone) => None,
+        let (kept, last) = match drive_inner(&v, &run, cached, &events).await {
+            Ok(Ended { session, last }) => (Some(session), last),
+            Err(VerifierError::CallerGone) => (None, None),
             Err(e) => {
                 tracing::warn!(error = %e, "session failed");
                 let _ = events.send(Err(e.into())).await;
-                None
+                (None, None)
             }
         };
         // Free the reservation before keeping the cache, so keeping it
@@ -60,10 +60,24 @@ pub async fn drive(
             let (seq, tokens) = session.into_cache();
             v.memory.keep(key, seq, tokens);
         }
+        // The final step goes out once the cache is kept: a client sends a
+        // conversation's next turn as soon as this one ends, and that turn
+        // must find it (sent before, the next turn could be admitted first
+        // and prefill the whole history again).
+        if let Some(event) = last {
+            let _ = send(&events, event).await;
+        }
         drop(slot);
     }
     .instrument(span)
     .await;
+}
+
+/// A session that ran to its end or lost its caller.
+struct Ended {
+    session: Box<Session>,
+    /// The final step's event, still to send (`None` when the caller left).
+    last: Option<v1::SessionEvent>,
 }
 
 /// Runs the session; returns it (for keeping its cache) unless it failed.
@@ -75,7 +89,13 @@ async fn drive_inner(
     run: &ValidRun,
     cached: Option<(Sequence, Vec<u32>)>,
     events: &Events,
-) -> Result<Box<Session>, VerifierError> {
+) -> Result<Ended, VerifierError> {
+    let gone = |session| {
+        Ok(Ended {
+            session,
+            last: None,
+        })
+    };
     let (cached_seq, cached_tokens) = match cached {
         Some((seq, tokens)) => (Some(seq), tokens),
         None => (None, Vec::new()),
@@ -120,7 +140,7 @@ async fn drive_inner(
         })),
     };
     if send(events, started).await.is_err() {
-        return Ok(session);
+        return gone(session);
     }
 
     let _decoding = Gauge::up(&v.decoding);
@@ -143,7 +163,7 @@ async fn drive_inner(
         let answer = match link.as_mut().filter(|_| steps.wants_tree()) {
             Some(l) => Some(tokio::select! {
                 a = l.tree_for(steps.epoch(), steps.step(), v.config.draft_timeout, steps.tree_limits()) => a,
-                () = events.closed() => return Ok(session),
+                () = events.closed() => return gone(session),
             }),
             None => None,
         };
@@ -211,8 +231,14 @@ async fn drive_inner(
                 verified.committed.into(),
             )),
         };
-        if send(events, event).await.is_err() || verified.finished {
-            return Ok(session);
+        if verified.finished {
+            return Ok(Ended {
+                session,
+                last: Some(event),
+            });
+        }
+        if send(events, event).await.is_err() {
+            return gone(session);
         }
         phases.phase(Phase::Report, reporting.elapsed().as_secs_f64());
     }
