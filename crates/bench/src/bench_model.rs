@@ -21,9 +21,9 @@ use specmesh_model::Block;
 use specmesh_model::cost::ordinary_tokens as tokens;
 use specmesh_sampling::SamplingParams;
 
-use crate::generation::decode;
 use crate::llama_cpp;
-use crate::local::ModelArgs;
+use specmesh_engine::plain::decode;
+use specmesh_harness::model::ModelArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -188,7 +188,7 @@ pub fn run(args: Args) -> Result<()> {
         &SamplingParams::greedy(),
         args.decode_tokens,
         &[],
-        &mut |_| Ok(()),
+        &mut |_| Ok::<(), anyhow::Error>(()),
     )?;
     let decode_tps = (generation.tokens.len() - 1) as f64 / generation.decode_seconds;
     eprintln!(

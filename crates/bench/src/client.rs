@@ -1,9 +1,10 @@
-//! The two transports a pass sends its requests over, timed the same way:
-//! the gateway's gRPC stream (`GenerateStream`), or its OpenAI-compatible
-//! HTTP front (`POST /v1/chat/completions` with `stream: true` and
-//! `stream_options.include_usage`, read as server-sent events). Over gRPC a
-//! chunk carries token ids, compared as such; over HTTP a chunk carries
-//! text, and the usage chunk the token count.
+//! The transports the serving benchmarks send chat requests over, timed the
+//! same way: the gateway's gRPC stream (`GenerateStream`), an
+//! OpenAI-compatible HTTP front (`POST /v1/chat/completions` with `stream:
+//! true` and `stream_options.include_usage`, read as server-sent events):
+//! the gateway's, or llama.cpp's own `llama-server`'s. Over gRPC a chunk
+//! carries token ids, compared as such; over HTTP a chunk carries text, and
+//! the usage chunk the token counts.
 
 mod http;
 
@@ -11,11 +12,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
+use specmesh_harness::grpc::{self, Connection};
 use specmesh_proto::v1;
 use specmesh_proto::v1::generation_client::GenerationClient;
 use tonic::transport::Channel;
 
-use crate::grpc::{self, Connection};
+pub use http::Dialect;
 use http::Http;
 
 /// `--transport`: how `--up` is reached.
@@ -50,6 +52,36 @@ impl serde::Serialize for Mode {
     }
 }
 
+/// One message of a chat.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Message {
+    pub role: &'static str,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &'static str, content: impl Into<String>) -> Message {
+        Message {
+            role,
+            content: content.into(),
+        }
+    }
+}
+
+/// One greedy chat request.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    /// The whole chat so far, ending with the user's turn.
+    pub messages: &'a [Message],
+    pub mode: Mode,
+    pub max_new: u32,
+    /// The request's tenant; empty: the caller's own (its key's).
+    pub tenant: &'a str,
+    /// The gRPC API's `session_id` (and, on the session's last turn,
+    /// `end_session`); ignored over HTTP, which has none.
+    pub session: Option<(&'a str, bool)>,
+}
+
 /// What a request generated, as the transport gives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
@@ -67,7 +99,15 @@ pub struct Completion {
     /// Seconds between consecutive chunks of output.
     pub itl: Vec<f64>,
     pub output_tokens: usize,
+    /// What identity is checked on: token ids over gRPC, text over HTTP.
     pub output: Output,
+    /// The generated text (what a conversation sends back as the
+    /// assistant's turn).
+    pub text: String,
+    /// The prompt's tokens, as the server counted them.
+    pub prompt_tokens: Option<usize>,
+    /// Of those, the ones the server said it took from a cache.
+    pub cached_tokens: Option<usize>,
 }
 
 impl Completion {
@@ -79,6 +119,7 @@ impl Completion {
         ended: Instant,
         tokens: usize,
         output: Output,
+        text: String,
     ) -> Completion {
         let first = chunks.first().copied().unwrap_or(ended);
         Completion {
@@ -90,6 +131,9 @@ impl Completion {
                 .collect(),
             output_tokens: tokens,
             output,
+            text,
+            prompt_tokens: None,
+            cached_tokens: None,
         }
     }
 }
@@ -105,17 +149,34 @@ pub enum Client {
 }
 
 impl Client {
+    /// A client of specmesh's gateway.
     pub async fn connect(transport: Transport, connection: Connection) -> Result<Client> {
         Ok(match transport {
             Transport::Grpc => Client::Grpc {
                 client: connection.client().await?,
                 connection: Arc::new(connection),
             },
-            Transport::Http => Client::Http(Arc::new(Http::connect(&connection).await?)),
+            Transport::Http => Client::Http(Arc::new(
+                Http::connect(&connection, Dialect::Specmesh).await?,
+            )),
         })
     }
 
-    /// One greedy chat generation of `prompt`; `tenant` empty: the caller's.
+    /// A client of llama.cpp's `llama-server` at `url` (its OpenAI front).
+    pub async fn llama_server(url: &str) -> Result<Client> {
+        let connection = Connection {
+            url: url.to_owned(),
+            api_key: None,
+            tls_ca: None,
+            tls_name: None,
+        };
+        Ok(Client::Http(Arc::new(
+            Http::connect(&connection, Dialect::LlamaServer).await?,
+        )))
+    }
+
+    /// One greedy chat generation of one user message; `tenant` empty: the
+    /// caller's.
     pub async fn send(
         &self,
         prompt: &str,
@@ -123,26 +184,71 @@ impl Client {
         max_new: u32,
         tenant: &str,
     ) -> Result<Completion> {
+        let messages = [Message::new("user", prompt)];
+        self.chat(&Ask {
+            messages: &messages,
+            mode,
+            max_new,
+            tenant,
+            session: None,
+        })
+        .await
+    }
+
+    /// One greedy chat generation.
+    pub async fn chat(&self, ask: &Ask<'_>) -> Result<Completion> {
         match self {
             Client::Grpc { client, connection } => {
-                let wire = match mode {
-                    Mode::Off => v1::SpeculationMode::Off,
-                    Mode::Auto => v1::SpeculationMode::Unspecified,
-                };
-                let request = grpc::chat_request(prompt, max_new, wire, tenant);
-                let s = grpc::stream(&mut client.clone(), connection.request(request)?).await?;
+                let s =
+                    grpc::stream(&mut client.clone(), connection.request(request(ask))?).await?;
                 let chunks: Vec<Instant> = s.chunks.iter().map(|c| c.0).collect();
                 let n = s.tokens.len();
-                Ok(Completion::timed(
+                let mut c = Completion::timed(
                     s.sent,
                     &chunks,
                     s.ended,
                     n,
                     Output::Tokens(s.tokens),
-                ))
+                    s.text,
+                );
+                if let Some(u) = s.usage {
+                    c.prompt_tokens = Some(u.prompt_tokens as usize);
+                    c.cached_tokens = Some(u.cached_tokens as usize);
+                }
+                Ok(c)
             }
-            Client::Http(http) => http.chat(prompt, mode, max_new, tenant).await,
+            Client::Http(http) => http.chat(ask).await,
         }
+    }
+}
+
+/// The gRPC request of `ask`.
+fn request(ask: &Ask<'_>) -> v1::GenerateRequest {
+    let mode = match ask.mode {
+        Mode::Off => v1::SpeculationMode::Off,
+        Mode::Auto => v1::SpeculationMode::Unspecified,
+    };
+    let (session_id, end_session) = ask.session.unwrap_or_default();
+    v1::GenerateRequest {
+        input: Some(v1::generate_request::Input::Chat(v1::Chat {
+            messages: ask
+                .messages
+                .iter()
+                .map(|m| v1::ChatMessage {
+                    role: m.role.into(),
+                    content: m.content.clone(),
+                })
+                .collect(),
+        })),
+        max_new_tokens: ask.max_new,
+        speculation: Some(v1::SpeculationParams {
+            mode: mode as i32,
+            max_draft_tokens: 0,
+        }),
+        tenant: ask.tenant.into(),
+        session_id: session_id.into(),
+        end_session,
+        ..Default::default()
     }
 }
 
@@ -160,10 +266,41 @@ mod tests {
             at(200),
             5,
             Output::Tokens(vec![]),
+            String::new(),
         );
         assert!((c.ttft - 0.1).abs() < 1e-9);
         assert!((c.e2el - 0.2).abs() < 1e-9);
         assert_eq!(c.itl.len(), 2);
         assert!((c.itl[1] - 0.06).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_grpc_request_carries_the_whole_chat_and_the_session() {
+        let messages = [
+            Message::new("system", "tools"),
+            Message::new("user", "a"),
+            Message::new("assistant", "b"),
+            Message::new("user", "c"),
+        ];
+        let ask = Ask {
+            messages: &messages,
+            mode: Mode::Off,
+            max_new: 7,
+            tenant: "t",
+            session: Some(("s1", true)),
+        };
+        let r = request(&ask);
+        let Some(v1::generate_request::Input::Chat(chat)) = r.input else {
+            panic!("a chat request");
+        };
+        let roles: Vec<&str> = chat.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user"]);
+        assert_eq!((r.session_id.as_str(), r.end_session), ("s1", true));
+        assert_eq!(r.speculation.unwrap().mode, v1::SpeculationMode::Off as i32);
+        let none = request(&Ask {
+            session: None,
+            ..ask
+        });
+        assert!(none.session_id.is_empty() && !none.end_session);
     }
 }

@@ -15,28 +15,23 @@
 //!   cost per call.
 //!
 //! Each has its `clap` [`Args`](bench::Args) and a `run` function. Reading
-//! Spec-Bench question files is [`specbench`]. The helpers the benchmarks
-//! share with `specmesh`'s user commands live here once, and the binary uses
-//! them from here: the model flags and loading ([`local`]), prompt encoding
-//! and plain decoding ([`generation`]), dialing the gateway ([`grpc`]), and
-//! starting the services on loopback ([`launch`], the crate's only unsafe
-//! code) and the drafters as a separate host behind a delay ([`link`]). Between the benchmarks: tables (`table`), percentiles
-//! (`percentile`) and plots (`svg`).
+//! Spec-Bench question files is [`specbench`]. What the benchmarks run the
+//! product with is the product's own, not theirs: the model flags, the mesh
+//! launcher and its flags, the gRPC client and the delay link are
+//! `specmesh-harness`'s (shared with `specmesh up` and `generate`), plain
+//! decoding is `specmesh-engine`'s. Between the benchmarks: tables
+//! (`table`), percentiles (`percentile`) and plots (`svg`).
 
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 pub mod accept;
 pub mod bench;
 pub mod bench_draft;
 pub mod bench_model;
+mod client;
+mod conversation;
 mod drafters;
-pub mod generation;
-pub mod grpc;
-#[allow(unsafe_code)]
-pub mod launch;
-pub mod link;
 mod llama_cpp;
-pub mod local;
 mod percentile;
 pub mod serve;
 pub mod specbench;

@@ -72,6 +72,12 @@ pub fn default_path() -> PathBuf {
     PathBuf::from("../shared/bench/spec_bench_dev.jsonl")
 }
 
+/// `../shared/bench/code_dev.jsonl` beside the checkout, as
+/// [`default_path`] finds the Spec-Bench file.
+pub fn default_code_path() -> PathBuf {
+    default_path().with_file_name("code_dev.jsonl")
+}
+
 /// Which questions to run.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Selection {
@@ -104,33 +110,7 @@ pub const MT_BENCH: [&str; 8] = [
 
 impl Selection {
     pub fn load(&self) -> Result<Vec<Question>> {
-        let text = std::fs::read_to_string(&self.questions).with_context(|| {
-            format!(
-                "reading the questions file {} (pass --questions PATH)",
-                self.questions.display()
-            )
-        })?;
-        let mut all = Vec::new();
-        for (n, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let q: Question = serde_json::from_str(line).with_context(|| {
-                format!(
-                    "{}:{}: not a Spec-Bench question",
-                    self.questions.display(),
-                    n + 1
-                )
-            })?;
-            if q.prompt().is_empty() {
-                bail!(
-                    "{}:{}: the question has no turns",
-                    self.questions.display(),
-                    n + 1
-                );
-            }
-            all.push(q);
-        }
+        let all = read(&self.questions)?;
         let mut taken: std::collections::HashMap<String, usize> = Default::default();
         let picked: Vec<Question> = all
             .into_iter()
@@ -155,4 +135,27 @@ impl Selection {
         }
         Ok(picked)
     }
+}
+
+/// Every question of the Spec-Bench JSONL file `path`, in file order.
+pub fn read(path: &Path) -> Result<Vec<Question>> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "reading the questions file {} (pass --questions PATH)",
+            path.display()
+        )
+    })?;
+    let mut all = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let q: Question = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: not a Spec-Bench question", path.display(), n + 1))?;
+        if q.prompt().is_empty() {
+            bail!("{}:{}: the question has no turns", path.display(), n + 1);
+        }
+        all.push(q);
+    }
+    Ok(all)
 }

@@ -3,7 +3,9 @@
 //! verifies one token tree per session in a single batched forward and
 //! commits each accepted path (with [`step_batch_fused`], next to a chunk
 //! of another session's prefill); [`generate`] is the whole loop in-process
-//! (the reference the distributed loop is measured against).
+//! (the reference the distributed loop is measured against); [`plain`] is
+//! plain decoding, one forward per token, the reference every speculative
+//! path must reproduce.
 //!
 //! The invariant every step keeps: the KV cache holds all committed tokens
 //! but the last, which is the root of the next tree. The first tree's root
@@ -13,6 +15,7 @@
 
 mod batch;
 mod generate;
+pub mod plain;
 mod session;
 
 pub use batch::{

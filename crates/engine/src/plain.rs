@@ -1,71 +1,53 @@
-//! Prompt encoding and plain (non-speculative) decoding in-process: the
-//! reference every speculative path must reproduce, shared by
-//! `specmesh generate --local`, `specmesh tokenize` and the benchmarks.
+//! Plain (non-speculative) decoding in-process: one target forward per
+//! token. The reference every speculative path must reproduce, and what
+//! `specmesh generate --local`, `specmesh token-ranking` and the benchmarks'
+//! runtime measurements run.
 
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
-use specmesh_model::{Block, Model};
+use specmesh_model::{Block, Logits, Model, Sequence};
 use specmesh_sampling::SamplingParams;
-use specmesh_tokenizer::{ChatMessage, Tokenizer};
 
-/// The token ids of `prompt`, with the model's chat template applied to it
-/// as one user message when `chat`.
-pub fn encode_prompt(tokenizer: &Tokenizer, prompt: &str, chat: bool) -> Result<Vec<u32>> {
-    if prompt.is_empty() {
-        bail!("the prompt is empty");
-    }
-    let ids = if chat {
-        let rendered = tokenizer.apply_chat_template(
-            &[ChatMessage {
-                role: "user".into(),
-                content: prompt.into(),
-            }],
-            true,
-        )?;
-        tokenizer.encode_for_model(&rendered)?
-    } else {
-        tokenizer.encode_for_model(prompt)?
-    };
-    if ids.is_empty() {
-        bail!("the prompt encodes to no tokens");
-    }
-    Ok(ids)
-}
+use crate::EngineError;
+use crate::session::Finish;
 
 /// What [`decode`] produced.
-#[derive(Debug)]
-pub struct Generation {
+#[derive(Clone, Debug)]
+pub struct Decoded {
+    /// The new tokens (the EOS that ended them not included).
     pub tokens: Vec<u32>,
-    pub finish_reason: &'static str,
+    pub finish: Finish,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
 }
 
-/// Plain decoding: one forward per token. The EOS token ends generation and
-/// is not part of the output.
-pub fn decode(
+/// Plain decoding of `prompt`: at most `max_new_tokens` tokens sampled
+/// with `params`, each handed to `on_token` as it is chosen. An EOS token
+/// ends generation and is not part of the output; an error of `on_token`
+/// (a closed pipe, say) ends it too and is returned.
+pub fn decode<E: From<EngineError>>(
     model: &Model,
     prompt: &[u32],
     params: &SamplingParams,
     max_new_tokens: usize,
     eos: &[u32],
-    on_token: &mut dyn FnMut(u32) -> Result<()>,
-) -> Result<Generation> {
+    on_token: &mut dyn FnMut(u32) -> Result<(), E>,
+) -> Result<Decoded, E> {
+    if prompt.is_empty() {
+        return Err(EngineError::EmptyContext.into());
+    }
     let mut seq = model.new_sequence();
     let t0 = Instant::now();
-    let prefill = Block::chain(prompt.to_vec(), 0)?.last_logits_only();
-    let mut logits = model.forward(&mut seq, &prefill).context("prefill")?;
-    seq.commit(&(0..prompt.len()).collect::<Vec<_>>())?;
+    let mut logits = prefill(model, &mut seq, prompt)?;
     let prefill_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut tokens = Vec::with_capacity(max_new_tokens);
-    let mut finish_reason = "length";
+    let mut finish = Finish::Length;
     while tokens.len() < max_new_tokens {
-        let next =
-            specmesh_sampling::sample(logits.row(logits.rows() - 1), params, tokens.len() as u64);
+        let last = logits.row(logits.rows() - 1);
+        let next = specmesh_sampling::sample(last, params, tokens.len() as u64);
         if eos.contains(&next) {
-            finish_reason = "eos";
+            finish = Finish::Eos;
             break;
         }
         tokens.push(next);
@@ -73,13 +55,11 @@ pub fn decode(
         if tokens.len() == max_new_tokens {
             break;
         }
-        let step = Block::chain(vec![next], seq.len())?;
-        logits = model.forward(&mut seq, &step)?;
-        seq.commit(&[0])?;
+        logits = step(model, &mut seq, next)?;
     }
-    Ok(Generation {
+    Ok(Decoded {
         tokens,
-        finish_reason,
+        finish,
         prefill_seconds,
         decode_seconds: t1.elapsed().as_secs_f64(),
     })
@@ -94,16 +74,17 @@ pub fn greedy_batch(
     prompts: &[Vec<u32>],
     max_new_tokens: usize,
     eos: &[u32],
-) -> Result<Vec<Vec<u32>>> {
+) -> Result<Vec<Vec<u32>>, EngineError> {
     let mut seqs = Vec::with_capacity(prompts.len());
     let mut next = Vec::with_capacity(prompts.len());
     for prompt in prompts {
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyContext);
+        }
         let mut seq = model.new_sequence();
-        let block = Block::chain(prompt.clone(), 0)?.last_logits_only();
-        let logits = model.forward(&mut seq, &block).context("prefill")?;
-        seq.commit(&(0..prompt.len()).collect::<Vec<_>>())?;
-        seqs.push(seq);
+        let logits = prefill(model, &mut seq, prompt)?;
         next.push(logits.argmax(logits.rows() - 1));
+        seqs.push(seq);
     }
     let mut out = vec![Vec::with_capacity(max_new_tokens); prompts.len()];
     let mut live: Vec<usize> = (0..prompts.len()).collect();
@@ -124,7 +105,7 @@ pub fn greedy_batch(
             .collect::<Result<Vec<_>, _>>()?;
         // `live` stays in increasing order (`retain` keeps it), so the live
         // sequences, in order, pair with their blocks.
-        let mut items: Vec<(&mut specmesh_model::Sequence, &Block)> = seqs
+        let mut items: Vec<(&mut Sequence, &Block)> = seqs
             .iter_mut()
             .enumerate()
             .filter(|(i, _)| live.binary_search(i).is_ok())
@@ -139,4 +120,21 @@ pub fn greedy_batch(
         }
     }
     Ok(out)
+}
+
+/// Computes the KV of `prompt` into `seq`; the logits are its last
+/// position's.
+fn prefill(model: &Model, seq: &mut Sequence, prompt: &[u32]) -> Result<Logits, EngineError> {
+    let block = Block::chain(prompt.to_vec(), 0)?.last_logits_only();
+    let logits = model.forward(seq, &block)?;
+    seq.commit(&(0..prompt.len()).collect::<Vec<_>>())?;
+    Ok(logits)
+}
+
+/// One token on top of `seq`: its logits.
+fn step(model: &Model, seq: &mut Sequence, token: u32) -> Result<Logits, EngineError> {
+    let block = Block::chain(vec![token], seq.len())?;
+    let logits = model.forward(seq, &block)?;
+    seq.commit(&[0])?;
+    Ok(logits)
 }

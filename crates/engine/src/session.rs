@@ -25,6 +25,16 @@ pub enum Finish {
     Eos,
 }
 
+impl Finish {
+    /// As the APIs name it: `length` or `eos`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Finish::Length => "length",
+            Finish::Eos => "eos",
+        }
+    }
+}
+
 /// The outcome of one verify step for one session.
 #[derive(Clone, Debug)]
 pub struct Step {

@@ -119,6 +119,10 @@ pub struct Streamed {
     /// When the stream ended.
     pub ended: Instant,
     pub tokens: Vec<u32>,
+    /// The text of every chunk.
+    pub text: String,
+    /// The last chunk's usage (`None` when the stream sent none).
+    pub usage: Option<v1::Usage>,
     /// The last chunk's statistics (zero when the stream sent none).
     pub speculation: v1::SpeculationStats,
 }
@@ -134,12 +138,16 @@ pub async fn stream(
         .await
         .map_err(status)?
         .into_inner();
-    let (mut chunks, mut tokens) = (Vec::new(), Vec::new());
-    let mut speculation = v1::SpeculationStats::default();
+    let (mut chunks, mut tokens, mut text) = (Vec::new(), Vec::new(), String::new());
+    let (mut usage, mut speculation) = (None, v1::SpeculationStats::default());
     while let Some(chunk) = stream.message().await.map_err(status)? {
         if !chunk.token_ids.is_empty() {
             chunks.push((Instant::now(), chunk.token_ids.len()));
             tokens.extend_from_slice(&chunk.token_ids);
+        }
+        text.push_str(&chunk.text);
+        if chunk.usage.is_some() {
+            usage = chunk.usage;
         }
         if let Some(s) = chunk.speculation {
             speculation = s;
@@ -150,6 +158,8 @@ pub async fn stream(
         chunks,
         ended: Instant::now(),
         tokens,
+        text,
+        usage,
         speculation,
     })
 }

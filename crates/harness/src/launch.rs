@@ -1,10 +1,11 @@
 //! Starting the services as child processes on loopback and stopping them:
-//! what `specmesh up` does, and what `specmesh bench --up` runs against.
+//! what `specmesh up` does, and what `specmesh bench --up` and
+//! `specmesh bench-serve --up` run against. What it starts is a
+//! [`Layout`](crate::layout::Layout).
 //!
 //! The only unsafe code of the crate: the launched service gets a parent-death
 //! signal, and is stopped with SIGTERM before SIGKILL.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -13,7 +14,8 @@ use anyhow::{Context, Result, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::link::{DelayProxy, LinkArgs};
+use crate::layout::Layout;
+use crate::link::DelayProxy;
 
 /// A running service process.
 #[derive(Debug)]
@@ -240,113 +242,63 @@ pub struct Mesh {
     pub dialed: Vec<String>,
 }
 
-/// What [`Mesh::start`] starts.
-#[derive(Debug, Clone)]
-pub struct Layout {
-    /// The target model (a resolved path).
-    pub model: PathBuf,
-    /// The verifiers' compute threads (default: all cores).
-    pub threads: Option<usize>,
-    /// The kernels' instruction set of the verifiers and of the draft
-    /// model (`--isa`, `--draft-model-isa`; default: the fastest there).
-    pub isa: Option<specmesh_model::Isa>,
-    /// The gateway's address.
-    pub listen: SocketAddr,
-    pub verifiers: usize,
-    pub drafters: usize,
-    /// The drafters' draft model (a catalog name or a path), checked
-    /// against the target's tokenizer when it loads (another vocabulary
-    /// drafts through text).
-    pub draft_model: Option<PathBuf>,
-    /// `--cpus` of the verifiers and of the drafters (default: every core).
-    pub verifier_cpus: Option<String>,
-    pub drafter_cpus: Option<String>,
-    /// The draft model's compute threads (default: every core it may use).
-    pub drafter_threads: Option<usize>,
-    /// The drafters draft the draft model's trees ahead (`--draft-ahead`).
-    pub draft_ahead: bool,
-    /// The draft model scores only its N most frequent tokens
-    /// (`--draft-head-tokens`; `None`: the drafter's default).
-    pub draft_head_tokens: Option<usize>,
-    /// Where the drafters run and what lies between them and the rest
-    /// (see [`crate::link`]).
-    pub link: LinkArgs,
-    /// Every service serves Prometheus metrics on a free loopback port.
-    pub metrics: bool,
-    /// The gateway serves its OpenAI-compatible HTTP front on a free
-    /// address too (`--http-listen`; port 0: a free one).
-    pub http: Option<SocketAddr>,
-    /// How long each service may take to start.
-    pub timeout: Duration,
-}
-
 impl Mesh {
     /// Starts the drafters, then the verifiers (told the drafters), on free
-    /// loopback ports, then the gateway on `layout.listen` in front of
+    /// loopback ports, then the gateway on `layout.front.listen` in front of
     /// them, and waits until every one is healthy.
     pub async fn start(layout: Layout) -> Result<Mesh> {
+        let timeout = layout.timeout();
         let Layout {
             model,
             threads,
             isa,
-            listen,
-            verifiers,
-            drafters,
-            draft_model,
-            verifier_cpus,
-            drafter_cpus,
-            drafter_threads,
-            draft_ahead,
-            draft_head_tokens,
-            link,
-            metrics,
-            http,
-            timeout,
+            mesh,
+            front,
         } = layout;
+        let link = &mesh.link;
         let proxy_rtt = link.proxy_rtt()?;
         let metrics_args = || -> Vec<String> {
-            if metrics {
+            if front.metrics {
                 vec!["--metrics-listen".into(), "127.0.0.1:0".into()]
             } else {
                 Vec::new()
             }
         };
-        anyhow::ensure!(verifiers >= 1, "`--verifiers` must be >= 1");
         let model_arg = model.display().to_string();
         let mut ds = Vec::new();
         let mut proxies = Vec::new();
         let listen_at = std::net::SocketAddr::new(link.host(), 0).to_string();
         let mut drafter_args: Vec<String> = vec!["--listen".into(), listen_at];
-        if let Some(d) = &draft_model {
+        if let Some(d) = &mesh.draft_model {
             drafter_args.extend([
                 "--draft-model".into(),
                 d.display().to_string(),
                 "--target-tokenizer".into(),
                 model_arg.clone(),
             ]);
-            if let Some(t) = drafter_threads {
+            if let Some(t) = mesh.drafter_threads {
                 drafter_args.extend(["--draft-model-threads".into(), t.to_string()]);
             }
             if let Some(isa) = isa {
                 drafter_args.extend(["--draft-model-isa".into(), isa.to_string()]);
             }
-            if draft_ahead {
+            if mesh.draft_ahead {
                 drafter_args.push("--draft-ahead".into());
             }
-            if let Some(n) = draft_head_tokens {
+            if let Some(n) = mesh.draft_head_tokens {
                 drafter_args.extend(["--draft-head-tokens".into(), n.to_string()]);
             }
         }
-        if let Some(c) = &drafter_cpus {
+        if let Some(c) = &mesh.drafter_cpus {
             drafter_args.extend(["--cpus".into(), c.clone()]);
         }
-        if metrics {
+        if front.metrics {
             // In another namespace, its loopback is not this side's.
             let at = std::net::SocketAddr::new(link.host(), 0);
             drafter_args.extend(["--metrics-listen".into(), at.to_string()]);
         }
         let netns = link.drafter_netns.as_deref();
-        for _ in 0..drafters {
+        for _ in 0..mesh.drafters {
             let d = Service::start_in(netns, "specmesh-drafter", &drafter_args, timeout).await?;
             if let Some(rtt) = proxy_rtt {
                 let upstream = crate::link::resolve(&d.addr)
@@ -376,7 +328,7 @@ impl Mesh {
         };
         let drafter_urls = dialed.join(",");
         let mut vs = Vec::new();
-        for _ in 0..verifiers {
+        for _ in 0..mesh.verifiers {
             let mut args = vec![
                 "--listen".into(),
                 "127.0.0.1:0".into(),
@@ -389,7 +341,7 @@ impl Mesh {
             if let Some(isa) = isa {
                 args.extend(["--isa".into(), isa.to_string()]);
             }
-            if let Some(c) = &verifier_cpus {
+            if let Some(c) = &mesh.verifier_cpus {
                 args.extend(["--cpus".into(), c.clone()]);
             }
             args.extend(metrics_args());
@@ -401,7 +353,7 @@ impl Mesh {
         }
         let mut args = vec![
             "--listen".into(),
-            listen.to_string(),
+            front.listen.to_string(),
             "--model".into(),
             model_arg,
             "--verifiers".into(),
@@ -411,7 +363,7 @@ impl Mesh {
             args.extend(["--drafters".into(), drafter_urls.clone()]);
         }
         args.extend(metrics_args());
-        if let Some(addr) = http {
+        if let Some(addr) = front.http {
             args.extend(["--http-listen".into(), addr.to_string()]);
         }
         let gateway = Service::start("specmesh-gateway", &args, timeout).await?;

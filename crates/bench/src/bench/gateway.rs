@@ -7,8 +7,8 @@ use specmesh_proto::v1::generation_client::GenerationClient;
 use tonic::transport::Channel;
 
 use super::{Config, Run};
-use crate::grpc;
 use crate::specbench::Question;
+use specmesh_harness::grpc;
 
 /// Streams one greedy chat generation; `tenant` scopes the drafter's
 /// cross-session index, so separate passes never draft from each other.

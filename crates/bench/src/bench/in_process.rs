@@ -11,9 +11,9 @@ use specmesh_tree::TreeLimits;
 
 use super::{Config, Run};
 use crate::drafters::{self, DrafterKind};
-use crate::generation::encode_prompt;
-use crate::local::ModelArgs;
 use crate::specbench::Question;
+use specmesh_harness::model::ModelArgs;
+use specmesh_harness::prompt::encode_prompt;
 
 pub struct InProcess {
     model: specmesh_model::Model,

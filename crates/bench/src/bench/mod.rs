@@ -18,17 +18,20 @@ mod sweep;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use specmesh_proto::v1::generation_client::GenerationClient;
 
-use crate::launch::{Layout, Mesh};
-use crate::llama_cpp;
-use crate::local::ModelArgs;
+use crate::conversation::ConversationArgs;
+use crate::conversation::command::Setup;
+use crate::llama_cpp::PeerArgs;
 use crate::specbench::{Question, Selection};
+use specmesh_harness::grpc::Connection;
+use specmesh_harness::launch::Mesh;
+use specmesh_harness::layout::{Front, Layout, MeshArgs};
+use specmesh_harness::model::ModelArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -53,20 +56,10 @@ pub struct Args {
     /// what the distributed loop costs per round.
     #[arg(long)]
     in_process: bool,
-    /// Also run llama.cpp's own llama-server (plain, and each
-    /// `--peer-spec`) on the same prompt tokens and threads, interleaved
-    /// with ours. Build it with tools/bench/setup.sh.
-    #[arg(long)]
-    peer: bool,
-    /// llama.cpp's speculative configurations to run with --peer:
-    /// model-free `--spec-type`s (ngram-simple, ngram-mod, ngram-map-k, …)
-    /// and `draft:N_MAX[:P_MIN[:N_MIN]]` (draft-simple with --draft-model).
-    #[arg(long, value_delimiter = ',', default_value = "ngram-simple")]
-    peer_spec: Vec<String>,
-    /// The drafters' draft model (a catalog name or a path); adds the
-    /// model-free, draft-model and combined configurations to off and auto.
-    #[arg(long)]
-    draft_model: Option<PathBuf>,
+    #[command(flatten)]
+    peer: PeerArgs,
+    #[command(flatten)]
+    conversation: ConversationArgs,
     /// Our configurations, interleaved prompt by prompt (default: off and
     /// auto, plus model-free, draft-model and combined with --draft-model).
     /// `prediction` is auto with the prompt's first fenced code block as the
@@ -76,33 +69,11 @@ pub struct Args {
     /// Our configurations in the concurrency sweep (default: off and auto).
     #[arg(long, value_delimiter = ',', value_parser = parse_ours, default_value = "off,auto")]
     sweep_configs: Vec<Config>,
-    /// With --up: the verifier's CPUs (`--cpus`), e.g. `0`.
-    #[arg(long)]
-    verifier_cpus: Option<String>,
-    /// With --up: the drafter's CPUs (`--cpus`), e.g. `1`.
-    #[arg(long)]
-    drafter_cpus: Option<String>,
-    /// With --up: the draft model's compute threads (default: all cores the
-    /// drafter may use).
-    #[arg(long)]
-    drafter_threads: Option<usize>,
-    /// With --up and --draft-model: the drafter drafts the draft model's
-    /// trees ahead, during the verification of the last (pays when the
-    /// drafter has cores of its own, `--drafter-cpus`).
-    #[arg(long, requires = "draft_model")]
-    draft_ahead: bool,
-    /// With --up and --draft-model: the draft model scores only its N most
-    /// frequent tokens (`specmesh-drafter --draft-head-tokens`; 0: all).
-    #[arg(long, requires = "draft_model")]
-    draft_head_tokens: Option<usize>,
-    /// With --up: the drafter as a separate host (another network
-    /// namespace, an added round trip; see `tools/bench/netns.sh`).
+    /// With --up: the mesh to start. `--draft-model` also adds the
+    /// model-free, draft-model and combined configurations to off and auto,
+    /// and is the draft model of llama.cpp's `draft` peer configurations.
     #[command(flatten)]
-    link: crate::link::LinkArgs,
-    /// Directory with llama.cpp's `llama-server` (default: where
-    /// tools/bench/setup.sh puts it).
-    #[arg(long, env = "SPECMESH_PEER_BIN")]
-    peer_bin: Option<PathBuf>,
+    mesh: MeshArgs,
     /// Write every raw number as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -240,38 +211,51 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(&bad) = args.concurrency.iter().find(|&&n| n == 0 || n > 256) {
         bail!("--concurrency {bad}: each level must be in 1..=256");
     }
+    if args.conversation.enabled() {
+        let rt = tokio::runtime::Runtime::new()?;
+        return rt.block_on(crate::conversation::command::run(Setup {
+            model: &args.model,
+            up: args.up.then_some(&args.mesh),
+            grpc: args.gateway.clone().map(|url| Connection {
+                url,
+                api_key: None,
+                tls_ca: None,
+                tls_name: None,
+            }),
+            http: None,
+            peer: &args.peer,
+            args: &args.conversation,
+            max_new: args.max_new_tokens,
+            repeats: 1,
+            json: args.json.as_deref(),
+        }));
+    }
     // The peers first: a missing setup should fail before minutes of start-up.
-    let peers = if args.peer {
-        let dir = args
-            .peer_bin
-            .clone()
-            .unwrap_or_else(llama_cpp::default_bin_dir);
+    let peers = if args.peer.peer {
+        let dir = args.peer.bin_dir();
         let threads = args
             .model
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        let draft = args
-            .draft_model
-            .as_deref()
-            .map(|d| specmesh_catalog::resolve(Some(d)))
-            .transpose()
-            .context("`--draft-model`")?;
-        let mut kinds = vec![(Config::PeerPlain, peer::PeerKind::Plain)];
-        for spec in &args.peer_spec {
-            let kind = peer::PeerKind::parse(spec, draft.as_deref())?;
-            // Leaked once per configuration: names live for the whole run.
-            let name: &'static str = Box::leak(kind.name().into_boxed_str());
-            kinds.push((Config::Peer(name), kind));
+        let mut kinds = Vec::new();
+        for spec in args.peer.specs(args.mesh.draft_model.as_deref())? {
+            let config = if spec.types.is_empty() {
+                Config::PeerPlain
+            } else {
+                // Leaked once per configuration: names live for the whole run.
+                Config::Peer(Box::leak(spec.name().into_boxed_str()))
+            };
+            kinds.push((config, spec));
         }
         let mut peers = Vec::new();
-        for (config, kind) in kinds {
+        for (config, spec) in kinds {
             eprintln!("starting {}", config.name());
             let p = peer::Peer::start(
                 &dir,
                 &args.model.path()?,
                 threads,
                 args.model.load_tokenizer()?,
-                kind,
+                &spec,
             )?;
             peers.push((config, p));
         }
@@ -283,27 +267,8 @@ pub fn run(args: Args) -> Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let mesh = if args.up {
-            Some(
-                Mesh::start(Layout {
-                    model: args.model.path()?,
-                    threads: args.model.threads,
-                    isa: args.model.isa,
-                    listen: "127.0.0.1:0".parse()?,
-                    verifiers: 1,
-                    drafters: 1,
-                    draft_model: args.draft_model.clone(),
-                    verifier_cpus: args.verifier_cpus.clone(),
-                    drafter_cpus: args.drafter_cpus.clone(),
-                    drafter_threads: args.drafter_threads,
-                    draft_ahead: args.draft_ahead,
-                    draft_head_tokens: args.draft_head_tokens,
-                    link: args.link.clone(),
-                    metrics: false,
-                    http: None,
-                    timeout: Duration::from_secs(600),
-                })
-                .await?,
-            )
+            let layout = Layout::new(&args.model, &args.mesh, Front::loopback())?;
+            Some(Mesh::start(layout).await?)
         } else {
             None
         };
@@ -315,11 +280,11 @@ pub fn run(args: Args) -> Result<()> {
         if let Some(m) = &mesh
             && let Some(p) = m.proxies.first()
         {
-            let measured = crate::launch::measure_rtt(&format!("http://{}", p.addr()), 21).await?;
+            let measured = specmesh_harness::launch::measure_rtt(&format!("http://{}", p.addr()), 21).await?;
             println!(
                 "drafter link: {} via {}, +{:.1} ms added, health-check round trip {:.2} ms (median of 21)",
                 p.upstream(),
-                args.link.drafter_netns.as_deref().unwrap_or("this namespace"),
+                args.mesh.link.drafter_netns.as_deref().unwrap_or("this namespace"),
                 p.rtt().as_secs_f64() * 1e3,
                 measured.as_secs_f64() * 1e3
             );
@@ -353,7 +318,7 @@ async fn bench(
             c.insert(0, Config::Off);
         }
         c
-    } else if args.draft_model.is_some() {
+    } else if args.mesh.draft_model.is_some() {
         vec![
             Config::Off,
             Config::Auto,
@@ -510,7 +475,7 @@ async fn bench(
     let peer_line = peers.first().map(|(_, p)| {
         format!(
             "peer: {}; its greedy output equals ours on {peer_agreement} of {} prompts",
-            p.version,
+            p.server.version,
             questions.len()
         )
     });
@@ -530,7 +495,7 @@ async fn bench(
     let report = Report {
         max_new_tokens: args.max_new_tokens,
         questions: questions.len(),
-        peer: peers.first().map(|(_, p)| p.version.clone()),
+        peer: peers.first().map(|(_, p)| p.server.version.clone()),
         mismatches: mismatches.clone(),
         peer_agreement: (!peers.is_empty()).then_some(peer_agreement),
         summary,

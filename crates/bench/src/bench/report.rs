@@ -56,10 +56,12 @@ pub struct CategoryRow {
     pub tau: f64,
     /// Our fastest speculative configuration and its speed-up over off.
     pub best: Option<(Config, f64)>,
-    /// llama.cpp's fastest speculative configuration and its speed-up over
-    /// its own plain decoding, when the peer ran.
+    /// llama.cpp's fastest configuration (its plain decoding among them:
+    /// its speculation may lose) and its speed-up over its own plain
+    /// decoding, when the peer ran.
     pub peer_best: Option<(Config, f64)>,
-    /// Our fastest over llama.cpp's fastest speculative, in tok/s.
+    /// Our fastest (speculative, or off when that is faster) over
+    /// llama.cpp's fastest, in tok/s.
     pub best_vs_peer: Option<f64>,
 }
 
@@ -130,7 +132,7 @@ pub fn summarize(runs: &[Run], configs: &[Config], waves: &[Wave]) -> Summary {
                     .max_by(|a, b| a.1.total_cmp(&b.1))
             };
             let best = fastest(&|cfg: Config| cfg.is_ours_speculative());
-            let peer_best = fastest(&|cfg: Config| matches!(cfg, Config::Peer(_)));
+            let peer_best = fastest(&|cfg: Config| cfg.is_peer());
             let peer_plain = get(c, Config::PeerPlain).map(Sum::tok_s);
             CategoryRow {
                 category: c.clone(),
@@ -145,7 +147,10 @@ pub fn summarize(runs: &[Run], configs: &[Config], waves: &[Wave]) -> Summary {
                 peer_best: peer_best
                     .zip(peer_plain)
                     .map(|((cfg, t), plain)| (cfg, t / plain.max(1e-9))),
-                best_vs_peer: best.zip(peer_best).map(|(b, p)| b.1 / p.1.max(1e-9)),
+                best_vs_peer: peer_best.map(|p| {
+                    let ours = best.map_or(0.0, |b| b.1).max(off.tok_s());
+                    ours / p.1.max(1e-9)
+                }),
             }
         })
         .collect();

@@ -1,5 +1,6 @@
-//! The HTTP transport: streamed chat completions from the gateway's
-//! OpenAI-compatible front, read as server-sent events. It is hyper's
+//! The HTTP transport: streamed chat completions from an OpenAI-compatible
+//! front (the gateway's, or llama-server's: [`Dialect`]), read as
+//! server-sent events. It is hyper's
 //! HTTP/1.1 connection (the one tonic and axum already build on), over
 //! rustls when there is a CA to trust, with the idle connections kept for
 //! the next request, as a pooling client would.
@@ -22,8 +23,20 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use super::{Completion, Mode, Output};
-use crate::grpc::Connection;
+use specmesh_harness::grpc::Connection;
+
+use super::{Ask, Completion, Output};
+
+/// Whose front it is: what a request may carry beyond OpenAI's fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// specmesh's gateway: `speculation` and `tenant` in the body.
+    Specmesh,
+    /// llama.cpp's `llama-server`: its own greedy settings (`top_k: 1`,
+    /// `seed`) and its prompt cache asked for explicitly (`cache_prompt`,
+    /// its default); it has no speculation mode per request nor tenants.
+    LlamaServer,
+}
 
 /// The HTTP front: where it is, how to talk to it, and the idle connections.
 pub struct Http {
@@ -35,11 +48,12 @@ pub struct Http {
     bearer: Option<HeaderValue>,
     /// The served model's id, as `/v1/models` lists it.
     model: String,
+    dialect: Dialect,
     idle: Mutex<Vec<SendRequest<String>>>,
 }
 
 impl Http {
-    pub(super) async fn connect(connection: &Connection) -> Result<Http> {
+    pub(super) async fn connect(connection: &Connection, dialect: Dialect) -> Result<Http> {
         let url = &connection.url;
         let uri: Uri = url
             .parse()
@@ -86,6 +100,7 @@ impl Http {
             tls,
             bearer,
             model: String::new(),
+            dialect,
             idle: Mutex::new(Vec::new()),
         };
         http.model = http.served_model().await?;
@@ -104,31 +119,41 @@ impl Http {
             .context("`GET /v1/models` lists no model")
     }
 
-    pub(super) async fn chat(
-        &self,
-        prompt: &str,
-        mode: Mode,
-        max_new: u32,
-        tenant: &str,
-    ) -> Result<Completion> {
+    /// The streamed request body of `ask` in this front's dialect.
+    fn body(&self, ask: &Ask<'_>) -> Value {
         let mut body = json!({
             "model": self.model,
-            "messages": [{"role": "user", "content": prompt}],
-            "max_completion_tokens": max_new,
+            "messages": ask.messages,
+            "max_completion_tokens": ask.max_new,
             "temperature": 0,
             "stream": true,
             "stream_options": {"include_usage": true},
-            "speculation": mode.name(),
         });
-        if !tenant.is_empty() {
-            body["tenant"] = json!(tenant);
+        match self.dialect {
+            Dialect::Specmesh => {
+                body["speculation"] = json!(ask.mode.name());
+                if !ask.tenant.is_empty() {
+                    body["tenant"] = json!(ask.tenant);
+                }
+            }
+            Dialect::LlamaServer => {
+                body["top_k"] = json!(1);
+                body["seed"] = json!(0);
+                body["cache_prompt"] = json!(true);
+            }
         }
+        body
+    }
+
+    pub(super) async fn chat(&self, ask: &Ask<'_>) -> Result<Completion> {
+        let body = self.body(ask);
         let sent = Instant::now();
         let (mut response, sender) = self
             .call(Method::POST, "/v1/chat/completions", body.to_string())
             .await?;
         let (mut events, mut chunks, mut text) = (Sse::default(), Vec::new(), String::new());
         let (mut tokens, mut done) = (None, false);
+        let (mut prompt_tokens, mut cached_tokens) = (None, None);
         while let Some(bytes) = next_data(&mut response).await? {
             let now = Instant::now();
             for data in events.push(&bytes) {
@@ -140,7 +165,8 @@ impl Http {
                     .with_context(|| format!("an event that is not JSON: {data}"))?;
                 if let Some(e) = event.get("error") {
                     bail!(
-                        "the gateway's stream failed: {}",
+                        "the stream from {} failed: {}",
+                        self.addr,
                         e["message"].as_str().unwrap_or("?")
                     );
                 }
@@ -150,8 +176,13 @@ impl Http {
                     chunks.push(now);
                     text.push_str(t);
                 }
-                if let Some(n) = event["usage"]["completion_tokens"].as_u64() {
+                let usage = &event["usage"];
+                if let Some(n) = usage["completion_tokens"].as_u64() {
                     tokens = Some(n as usize);
+                    prompt_tokens = usage["prompt_tokens"].as_u64().map(|n| n as usize);
+                    cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
+                        .as_u64()
+                        .map(|n| n as usize);
                 }
             }
         }
@@ -162,17 +193,21 @@ impl Http {
         }
         let tokens =
             tokens.context("the stream carried no usage chunk (`stream_options.include_usage`)")?;
-        Ok(Completion::timed(
+        let mut c = Completion::timed(
             sent,
             &chunks,
             ended,
             tokens,
-            Output::Text(text),
-        ))
+            Output::Text(text.clone()),
+            text,
+        );
+        c.prompt_tokens = prompt_tokens;
+        c.cached_tokens = cached_tokens;
+        Ok(c)
     }
 
     /// Sends one request on an idle connection or a new one; a status other
-    /// than 200 is the gateway's error. The caller reads the body to its
+    /// than 200 is the server's error. The caller reads the body to its
     /// end, then hands the connection back with [`Http::keep`].
     async fn call(
         &self,
@@ -180,19 +215,40 @@ impl Http {
         path: &str,
         body: String,
     ) -> Result<(Incoming, SendRequest<String>)> {
-        let mut sender = self.connection().await?;
-        let mut request = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(HOST, &self.authority)
-            .header(CONTENT_TYPE, "application/json");
-        if let Some(b) = &self.bearer {
-            request = request.header(AUTHORIZATION, b);
+        let request = |body: String| {
+            let mut request = Request::builder()
+                .method(method.clone())
+                .uri(path)
+                .header(HOST, &self.authority)
+                .header(CONTENT_TYPE, "application/json");
+            if let Some(b) = &self.bearer {
+                request = request.header(AUTHORIZATION, b);
+            }
+            request.body(body)
+        };
+        let sending = || format!("sending {path} to {}", self.addr);
+        let mut reply = None;
+        if let Some(mut idle) = self.idle_connection().await {
+            match idle.send_request(request(body.clone())?).await {
+                Ok(response) => reply = Some((response, idle)),
+                // A kept connection the server closed meanwhile (llama-server
+                // closes one after a stream ends): the request did not get
+                // there, and goes again on a new connection.
+                Err(e) if e.is_canceled() || e.is_closed() || e.is_incomplete_message() => {}
+                Err(e) => return Err(e).with_context(sending),
+            }
         }
-        let response = sender
-            .send_request(request.body(body)?)
-            .await
-            .with_context(|| format!("sending {path} to the gateway at {}", self.addr))?;
+        let (response, sender) = match reply {
+            Some(r) => r,
+            None => {
+                let mut sender = self.new_connection().await?;
+                let response = sender
+                    .send_request(request(body)?)
+                    .await
+                    .with_context(sending)?;
+                (response, sender)
+            }
+        };
         let status = response.status();
         let mut body = response.into_body();
         if status != StatusCode::OK {
@@ -202,21 +258,25 @@ impl Http {
                 || String::from_utf8_lossy(&text).into_owned(),
                 str::to_owned,
             );
-            bail!("the gateway answered HTTP {status} to {path}: {message}");
+            bail!("{} answered HTTP {status} to {path}: {message}", self.addr);
         }
         Ok((body, sender))
     }
 
-    /// A ready connection: an idle one, else a new one.
-    async fn connection(&self) -> Result<SendRequest<String>> {
+    /// A kept connection that still looks open, if any.
+    async fn idle_connection(&self) -> Option<SendRequest<String>> {
         while let Some(mut idle) = self.take_idle() {
             if idle.ready().await.is_ok() {
-                return Ok(idle);
+                return Some(idle);
             }
         }
+        None
+    }
+
+    async fn new_connection(&self) -> Result<SendRequest<String>> {
         let tcp = TcpStream::connect(&self.addr)
             .await
-            .with_context(|| format!("connecting to the gateway's HTTP front at {}", self.addr))?;
+            .with_context(|| format!("connecting to the HTTP front at {}", self.addr))?;
         tcp.set_nodelay(true)?;
         match &self.tls {
             Some((connector, name)) => {
@@ -250,7 +310,7 @@ where
 {
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
-        .context("the HTTP/1.1 handshake with the gateway")?;
+        .context("the HTTP/1.1 handshake")?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -280,7 +340,7 @@ fn tls_connector(pem: &[u8]) -> Result<TlsConnector> {
 /// The next data frame of `body`; `None` at its end.
 async fn next_data(body: &mut Incoming) -> Result<Option<Bytes>> {
     while let Some(frame) = poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
-        if let Ok(data) = frame.context("reading the gateway's answer")?.into_data() {
+        if let Ok(data) = frame.context("reading the answer")?.into_data() {
             return Ok(Some(data));
         }
     }

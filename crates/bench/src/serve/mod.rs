@@ -14,7 +14,6 @@
 //! plotted is [`report`].
 
 mod arrivals;
-mod client;
 mod report;
 mod stats;
 
@@ -27,12 +26,16 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-use crate::grpc::Connection;
-use crate::launch::{Layout, Mesh};
-use crate::local::ModelArgs;
+use crate::client::{Client, Completion, Mode, Output, Transport};
+use crate::conversation::ConversationArgs;
+use crate::conversation::command::Setup;
+use crate::llama_cpp::PeerArgs;
 use crate::specbench::{Question, Selection};
 use arrivals::Rate;
-use client::{Client, Completion, Mode, Output, Transport};
+use specmesh_harness::grpc::Connection;
+use specmesh_harness::launch::Mesh;
+use specmesh_harness::layout::{Front, Layout, MeshArgs};
+use specmesh_harness::model::ModelArgs;
 use stats::Slo;
 
 #[derive(clap::Args, Debug)]
@@ -54,6 +57,16 @@ pub struct Args {
     /// Start verifier, drafter and gateway on loopback for the run.
     #[arg(long)]
     up: bool,
+    /// With --up: the mesh to start.
+    #[command(flatten)]
+    mesh: MeshArgs,
+    /// The conversation workload (`--conversations N`) instead of
+    /// one-shot prompts at request rates.
+    #[command(flatten)]
+    conversation: ConversationArgs,
+    /// llama.cpp's llama-server beside ours, with `--conversations`.
+    #[command(flatten)]
+    peer: PeerArgs,
     /// With --up: which of the gateway's APIs the requests use.
     #[arg(long, value_enum, default_value_t = Transport::Grpc, requires = "up")]
     transport: Transport,
@@ -128,6 +141,30 @@ impl Pass {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if args.conversation.enabled() {
+        let connection = |url: &String| Connection {
+            url: url.clone(),
+            api_key: args.api_key.clone(),
+            tls_ca: args.tls_ca.clone(),
+            tls_name: args.tls_name.clone(),
+        };
+        let rt = tokio::runtime::Runtime::new()?;
+        return rt.block_on(crate::conversation::command::run(Setup {
+            model: &args.model,
+            up: args.up.then_some(&args.mesh),
+            grpc: args.gateway.as_ref().map(connection),
+            http: args.http.as_ref().map(connection),
+            peer: &args.peer,
+            args: &args.conversation,
+            max_new: args.max_new_tokens,
+            repeats: args.repeats,
+            json: args.json.as_deref(),
+        }));
+    }
+    ensure!(
+        !args.peer.peer,
+        "`--peer` runs with `--conversations N`; the open-loop passes run against specmesh only"
+    );
     let questions = args.select.load()?;
     let n = args.num_prompts.unwrap_or(questions.len());
     ensure!(n >= 1, "`--num-prompts` must be >= 1");
@@ -145,27 +182,12 @@ pub fn run(args: Args) -> Result<()> {
             args.transport
         };
         let mesh = if args.up {
-            Some(
-                Mesh::start(Layout {
-                    model: args.model.path()?,
-                    threads: args.model.threads,
-                    isa: args.model.isa,
-                    listen: "127.0.0.1:0".parse()?,
-                    verifiers: 1,
-                    drafters: 1,
-                    draft_model: None,
-                    verifier_cpus: None,
-                    drafter_cpus: None,
-                    drafter_threads: None,
-                    draft_ahead: false,
-                    draft_head_tokens: None,
-                    link: Default::default(),
-                    metrics: false,
-                    http: (transport == Transport::Http).then(|| ([127, 0, 0, 1], 0).into()),
-                    timeout: Duration::from_secs(600),
-                })
-                .await?,
-            )
+            let front = Front {
+                http: (transport == Transport::Http).then(|| ([127, 0, 0, 1], 0).into()),
+                ..Front::loopback()
+            };
+            let layout = Layout::new(&args.model, &args.mesh, front)?;
+            Some(Mesh::start(layout).await?)
         } else {
             None
         };

@@ -10,8 +10,8 @@ use serde_json::{Map, Value, json};
 
 use super::Pass;
 use super::arrivals::Rate;
-use super::client::Mode;
 use super::stats::{Metrics, Quantiles, Slo, metrics};
+use crate::client::Mode;
 use crate::svg::{AUTO, Axes, OFF, legend, line, line_chart, y_max};
 use crate::table::Table;
 

@@ -17,7 +17,7 @@
 
 use serde::Serialize;
 
-use super::client::Completion;
+use crate::client::Completion;
 use crate::percentile::percentile;
 
 /// `--goodput`: the latency bounds, in milliseconds, a request must meet to
@@ -155,7 +155,10 @@ mod tests {
             e2el,
             itl: vec![(e2el - ttft) / output_tokens.max(2) as f64; output_tokens.saturating_sub(1)],
             output_tokens,
-            output: super::super::client::Output::Text(String::new()),
+            output: crate::client::Output::Text(String::new()),
+            text: String::new(),
+            prompt_tokens: None,
+            cached_tokens: None,
         }
     }
 

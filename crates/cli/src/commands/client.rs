@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 use serde::Serialize;
-pub use specmesh_bench::grpc::Connection;
-use specmesh_bench::grpc::status;
+pub use specmesh_harness::grpc::Connection;
+use specmesh_harness::grpc::status;
 use specmesh_proto::v1;
 
 /// What the user asked for, as the request to send.

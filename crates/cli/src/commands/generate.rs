@@ -5,8 +5,9 @@ use std::io::Write;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
-use specmesh_bench::generation::{decode, encode_prompt};
-use specmesh_bench::local::ModelArgs;
+use specmesh_engine::plain::decode;
+use specmesh_harness::model::ModelArgs;
+use specmesh_harness::prompt::encode_prompt;
 use specmesh_sampling::SamplingParams;
 
 #[derive(clap::Args)]
@@ -174,7 +175,7 @@ pub fn run(args: Args) -> Result<()> {
             completion_tokens: generation.tokens.len(),
             token_ids: generation.tokens,
             prompt_tokens: prompt_ids.len(),
-            finish_reason: generation.finish_reason,
+            finish_reason: generation.finish.name(),
             prefill_seconds: generation.prefill_seconds,
             decode_seconds: generation.decode_seconds,
         };
@@ -186,7 +187,7 @@ pub fn run(args: Args) -> Result<()> {
             "[{} prompt tokens, {} generated, finish: {}, prefill {:.1} ms, decode {:.1} tok/s]",
             prompt_ids.len(),
             generation.tokens.len(),
-            generation.finish_reason,
+            generation.finish.name(),
             generation.prefill_seconds * 1e3,
             generation.tokens.len().saturating_sub(1) as f64 / generation.decode_seconds.max(1e-9),
         );

@@ -8,9 +8,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use specmesh_bench::generation::{encode_prompt, greedy_batch};
-use specmesh_bench::local::ModelArgs;
 use specmesh_draft_model::TokenRanking;
+use specmesh_engine::plain::greedy_batch;
+use specmesh_harness::model::ModelArgs;
+use specmesh_harness::prompt::encode_prompt;
 
 #[derive(clap::Args)]
 pub struct Args {

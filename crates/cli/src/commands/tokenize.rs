@@ -2,8 +2,8 @@
 
 use anyhow::Result;
 use serde::Serialize;
-use specmesh_bench::generation::encode_prompt;
-use specmesh_bench::local::ModelArgs;
+use specmesh_harness::model::ModelArgs;
+use specmesh_harness::prompt::encode_prompt;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -1,0 +1,111 @@
+//! One `llama-server` process of llama.cpp on a free loopback port: the
+//! peer every benchmark through the services runs against, started with
+//! the same GGUF and threads as ours, and killed when dropped.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::build_info;
+use super::spec::PeerSpec;
+
+/// How a server divides its KV cache.
+#[derive(Debug, Clone, Copy)]
+pub struct Slots {
+    /// Requests it decodes at once (`-np`).
+    pub parallel: usize,
+    /// Context of each slot; the server holds `parallel` times this (`-c`).
+    pub context: usize,
+}
+
+/// A running `llama-server`.
+#[derive(Debug)]
+pub struct Server {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// What the build says of itself, for reports.
+    pub version: String,
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl Server {
+    /// Starts `llama-server` from `bin_dir` serving `model` with `spec`,
+    /// and waits until its model is loaded. Its prompt cache is on (its
+    /// default): a request reuses the longest prefix its slot still holds.
+    pub fn start(
+        bin_dir: &Path,
+        model: &Path,
+        threads: usize,
+        spec: &PeerSpec,
+        slots: Slots,
+    ) -> Result<Server> {
+        let bin = bin_dir.join("llama-server");
+        if !bin.exists() {
+            bail!(
+                "no {}: run tools/bench/setup.sh (builds llama.cpp for this CPU) or pass --peer-bin",
+                bin.display()
+            );
+        }
+        let port = free_port()?;
+        let total_context = slots.parallel.max(1) * slots.context;
+        let mut cmd = Command::new(&bin);
+        cmd.arg("-m")
+            .arg(model)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["-t", &threads.to_string(), "-tb", &threads.to_string()])
+            .args(["-np", &slots.parallel.max(1).to_string()])
+            .args(["-c", &total_context.to_string(), "--no-webui"])
+            .args(spec.args(threads))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut server = Server {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            version: format!(
+                "llama.cpp llama-server ({})",
+                build_info(bin_dir).unwrap_or_else(|| "unknown build".into())
+            ),
+        };
+        server
+            .wait_ready(Duration::from_secs(300))
+            .with_context(|| format!("{} ({})", spec.name(), bin.display()))?;
+        Ok(server)
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(5)))
+            .build()
+            .into();
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("llama-server exited ({status}) before it was ready");
+            }
+            let health = agent.get(format!("{}/health", self.url)).call();
+            if matches!(health, Ok(r) if r.status() == 200) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        bail!("llama-server was not ready within {timeout:?}")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
