@@ -11,7 +11,7 @@
 #
 # The round trip itself is added by the delay proxy `--drafter-rtt-ms`
 # puts in front of each drafter (this kernel has no netem qdisc; see
-# crates/bench/src/link.rs): the veth link alone adds ~0.05 ms.
+# crates/harness/src/link.rs): the veth link alone adds ~0.05 ms.
 #
 # Env: SPECMESH_NETNS_V / SPECMESH_NETNS_D (namespace names, default
 # specmesh-v / specmesh-d), SPECMESH_NETNS_NET (the /24's first three

@@ -164,12 +164,7 @@ impl Client {
 
     /// A client of llama.cpp's `llama-server` at `url` (its OpenAI front).
     pub async fn llama_server(url: &str) -> Result<Client> {
-        let connection = Connection {
-            url: url.to_owned(),
-            api_key: None,
-            tls_ca: None,
-            tls_name: None,
-        };
+        let connection = Connection::plain(url.to_owned());
         Ok(Client::Http(Arc::new(
             Http::connect(&connection, Dialect::LlamaServer).await?,
         )))
@@ -228,28 +223,13 @@ fn request(ask: &Ask<'_>) -> v1::GenerateRequest {
         Mode::Off => v1::SpeculationMode::Off,
         Mode::Auto => v1::SpeculationMode::Unspecified,
     };
-    let (session_id, end_session) = ask.session.unwrap_or_default();
-    v1::GenerateRequest {
-        input: Some(v1::generate_request::Input::Chat(v1::Chat {
-            messages: ask
-                .messages
-                .iter()
-                .map(|m| v1::ChatMessage {
-                    role: m.role.into(),
-                    content: m.content.clone(),
-                })
-                .collect(),
-        })),
-        max_new_tokens: ask.max_new,
-        speculation: Some(v1::SpeculationParams {
-            mode: mode as i32,
-            max_draft_tokens: 0,
-        }),
-        tenant: ask.tenant.into(),
-        session_id: session_id.into(),
-        end_session,
-        ..Default::default()
+    let messages = ask.messages.iter().map(|m| (m.role, m.content.as_str()));
+    let mut request = grpc::chat_request(messages, ask.max_new, mode, ask.tenant);
+    if let Some((session_id, end_session)) = ask.session {
+        request.session_id = session_id.into();
+        request.end_session = end_session;
     }
+    request
 }
 
 #[cfg(test)]

@@ -110,7 +110,7 @@ pub const MT_BENCH: [&str; 8] = [
 
 impl Selection {
     pub fn load(&self) -> Result<Vec<Question>> {
-        let all = read(&self.questions)?;
+        let all = read(&self.questions, "--questions")?;
         let mut taken: std::collections::HashMap<String, usize> = Default::default();
         let picked: Vec<Question> = all
             .into_iter()
@@ -137,11 +137,12 @@ impl Selection {
     }
 }
 
-/// Every question of the Spec-Bench JSONL file `path`, in file order.
-pub fn read(path: &Path) -> Result<Vec<Question>> {
+/// Every question of the Spec-Bench JSONL file `path`, which `flag`
+/// names, in file order.
+pub fn read(path: &Path, flag: &str) -> Result<Vec<Question>> {
     let text = std::fs::read_to_string(path).with_context(|| {
         format!(
-            "reading the questions file {} (pass --questions PATH)",
+            "reading the questions file {} (pass {flag} PATH)",
             path.display()
         )
     })?;

@@ -24,6 +24,16 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// `url` over plaintext, without an API key.
+    pub fn plain(url: String) -> Connection {
+        Connection {
+            url,
+            api_key: None,
+            tls_ca: None,
+            tls_name: None,
+        }
+    }
+
     /// A channel to the gateway; over TLS when there is a CA to trust.
     pub async fn channel(&self) -> Result<Channel> {
         let url = &self.url;
@@ -82,22 +92,26 @@ impl Connection {
     }
 }
 
-/// A greedy chat generation of one user message: the request every
-/// benchmark sends. `tenant` scopes the drafter's cross-session index, so
-/// passes that must not draft from each other's answers use different ones
-/// (empty: the caller's own, e.g. its API key's).
-pub fn chat_request(
-    prompt: &str,
+/// A greedy chat generation of `messages` (`(role, content)` in order):
+/// the request every benchmark sends. `tenant` scopes the drafter's
+/// cross-session index, so passes that must not draft from each other's
+/// answers use different ones (empty: the caller's own, e.g. its API
+/// key's).
+pub fn chat_request<'a>(
+    messages: impl IntoIterator<Item = (&'a str, &'a str)>,
     max_new_tokens: u32,
     mode: v1::SpeculationMode,
     tenant: &str,
 ) -> v1::GenerateRequest {
     v1::GenerateRequest {
         input: Some(v1::generate_request::Input::Chat(v1::Chat {
-            messages: vec![v1::ChatMessage {
-                role: "user".into(),
-                content: prompt.into(),
-            }],
+            messages: messages
+                .into_iter()
+                .map(|(role, content)| v1::ChatMessage {
+                    role: role.into(),
+                    content: content.into(),
+                })
+                .collect(),
         })),
         max_new_tokens,
         speculation: Some(v1::SpeculationParams {

@@ -29,6 +29,26 @@ pub struct Service {
     child: Child,
 }
 
+/// On Linux, the process `cmd` starts gets SIGTERM when its launcher dies,
+/// even a killed one, so no orphan keeps a port or a model in memory (the
+/// services here, and the benchmarks' llama-server).
+pub fn die_with_parent(cmd: &mut std::process::Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl in the forked child before exec touches no memory
+        // of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
+}
+
 /// The binary `name` next to this executable (how cargo and releases lay
 /// them out), else from PATH.
 pub fn binary(name: &str) -> PathBuf {
@@ -65,17 +85,7 @@ impl Service {
             }
             None => Command::new(&bin),
         };
-        // Linux: the service dies with its launcher, even a killed one, so
-        // no orphan keeps a port or a model in memory.
-        #[cfg(target_os = "linux")]
-        // SAFETY: prctl in the forked child before exec touches no memory of
-        // the parent.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
-        }
+        die_with_parent(cmd.as_std_mut());
         // The mesh this launches runs on loopback for development and
         // benchmarks: plaintext, unless the environment configures the
         // service's TLS (or says plaintext itself).

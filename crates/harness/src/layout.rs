@@ -26,7 +26,9 @@ pub struct MeshArgs {
     /// The drafters' draft model: a catalog name (`specmesh model list`) or
     /// a GGUF file; of the target's vocabulary, or of another that drafts
     /// through text (e.g. smollm2-135m for qwen2.5-coder-1.5b; checked at
-    /// start); unset: model-free drafting only.
+    /// start); unset: model-free drafting only. In `bench` it also adds the
+    /// draft-model and combined configurations, and is llama.cpp's draft
+    /// model (`--peer-draft-model`).
     #[arg(long)]
     pub draft_model: Option<PathBuf>,
     /// The verifiers' CPU cores (`specmesh-verifier --cpus`), e.g. `0`.
@@ -49,8 +51,8 @@ pub struct MeshArgs {
     #[arg(long, requires = "draft_model")]
     pub draft_head_tokens: Option<usize>,
     /// Seconds to wait for each service to start (loading the model and
-    /// measuring its cost curve take a few; a 1.5B model on 2 cores, a
-    /// minute).
+    /// measuring its cost curve take seconds; a 1.5B model on a slow
+    /// 2-core VM, minutes).
     #[arg(long, default_value_t = 300)]
     pub start_timeout_secs: u64,
     /// The drafters as a separate host: another network namespace, an

@@ -26,6 +26,12 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// `--threads`, else every core.
+    pub fn threads_or_all(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
     pub fn path(&self) -> Result<PathBuf> {
         Ok(specmesh_catalog::resolve(self.model.as_deref())?)
     }

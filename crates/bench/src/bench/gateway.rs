@@ -26,7 +26,7 @@ pub async fn request(
         Config::Combined => v1::SpeculationMode::Combined,
         _ => v1::SpeculationMode::Unspecified,
     };
-    let mut req = grpc::chat_request(q.prompt(), max_new, mode, tenant);
+    let mut req = grpc::chat_request([("user", q.prompt())], max_new, mode, tenant);
     if config == Config::Prediction {
         req.prediction = q.code_block().unwrap_or_default().to_owned();
     }

@@ -50,11 +50,16 @@ pub struct Args {
     max_new_tokens: u32,
     /// Concurrency levels to sweep, e.g. `1,4,16`. Level 1 is the
     /// per-category pass, which always runs.
-    #[arg(long, value_delimiter = ',', default_value = "1")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1",
+        conflicts_with = "conversations"
+    )]
     concurrency: Vec<usize>,
     /// Also run both configurations in this process (no gRPC), to measure
     /// what the distributed loop costs per round.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "conversations")]
     in_process: bool,
     #[command(flatten)]
     peer: PeerArgs,
@@ -64,14 +69,20 @@ pub struct Args {
     /// auto, plus model-free, draft-model and combined with --draft-model).
     /// `prediction` is auto with the prompt's first fenced code block as the
     /// predicted output (for the code-edit questions: the original code).
-    #[arg(long, value_delimiter = ',', value_parser = parse_ours)]
+    #[arg(long, value_delimiter = ',', value_parser = parse_ours, conflicts_with = "conversations")]
     configs: Vec<Config>,
     /// Our configurations in the concurrency sweep (default: off and auto).
-    #[arg(long, value_delimiter = ',', value_parser = parse_ours, default_value = "off,auto")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_parser = parse_ours,
+        default_value = "off,auto",
+        conflicts_with = "conversations"
+    )]
     sweep_configs: Vec<Config>,
-    /// With --up: the mesh to start. `--draft-model` also adds the
-    /// model-free, draft-model and combined configurations to off and auto,
-    /// and is the draft model of llama.cpp's `draft` peer configurations.
+    // With --up: the mesh to start. `--draft-model` also adds the
+    // model-free, draft-model and combined configurations to off and auto,
+    // and is llama.cpp's draft model.
     #[command(flatten)]
     mesh: MeshArgs,
     /// Write every raw number as JSON to this file.
@@ -79,10 +90,10 @@ pub struct Args {
     json: Option<PathBuf>,
     /// Write speedup and τ per category and tok/s against concurrency as an
     /// SVG to this file.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "conversations")]
     plot: Option<PathBuf>,
     /// Write the printed tables as Markdown to this file (for a README).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "conversations")]
     markdown: Option<PathBuf>,
 }
 
@@ -216,12 +227,8 @@ pub fn run(args: Args) -> Result<()> {
         return rt.block_on(crate::conversation::command::run(Setup {
             model: &args.model,
             up: args.up.then_some(&args.mesh),
-            grpc: args.gateway.clone().map(|url| Connection {
-                url,
-                api_key: None,
-                tls_ca: None,
-                tls_name: None,
-            }),
+            draft_model: args.mesh.draft_model.as_deref(),
+            grpc: args.gateway.clone().map(Connection::plain),
             http: None,
             peer: &args.peer,
             args: &args.conversation,
@@ -233,10 +240,7 @@ pub fn run(args: Args) -> Result<()> {
     // The peers first: a missing setup should fail before minutes of start-up.
     let peers = if args.peer.peer {
         let dir = args.peer.bin_dir();
-        let threads = args
-            .model
-            .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let threads = args.model.threads_or_all();
         let mut kinds = Vec::new();
         for spec in args.peer.specs(args.mesh.draft_model.as_deref())? {
             let config = if spec.types.is_empty() {

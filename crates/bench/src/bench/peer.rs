@@ -22,9 +22,9 @@ use crate::llama_cpp::server::{Server, Slots};
 use crate::llama_cpp::spec::PeerSpec;
 use crate::specbench::Question;
 
-/// The context of the bench's one slot: a Spec-Bench prompt and its
-/// answer, or a whole conversation of `--conversations`.
-pub const CONTEXT: usize = 8192;
+/// The context of the bench's one slot: the longest Spec-Bench prompt and
+/// its answer.
+const CONTEXT: usize = 8192;
 
 /// One `llama-server` process serving one configuration, one request at a
 /// time.

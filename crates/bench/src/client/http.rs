@@ -358,18 +358,22 @@ async fn read_all(body: &mut Incoming) -> Result<Vec<u8>> {
 /// Server-sent events split out of the bytes as they arrive.
 #[derive(Debug, Default)]
 struct Sse {
-    pending: String,
+    /// Bytes of the events not yet complete: kept as bytes, since a read
+    /// may end inside a character.
+    pending: Vec<u8>,
 }
 
 impl Sse {
     /// The `data` of every event `bytes` completes (an event ends at a
     /// blank line; comments and other fields are skipped).
     fn push(&mut self, bytes: &[u8]) -> Vec<String> {
-        self.pending
-            .push_str(&String::from_utf8_lossy(bytes).replace('\r', ""));
+        // A carriage return is one byte in UTF-8, never part of another
+        // character: dropping it turns CRLF line ends into LF.
+        self.pending.extend(bytes.iter().filter(|&&b| b != b'\r'));
         let mut out = Vec::new();
-        while let Some(end) = self.pending.find("\n\n") {
-            let event: String = self.pending.drain(..end + 2).collect();
+        while let Some(end) = self.pending.windows(2).position(|w| w == b"\n\n") {
+            let raw: Vec<u8> = self.pending.drain(..end + 2).collect();
+            let event = String::from_utf8_lossy(&raw);
             let data: Vec<&str> = event
                 .lines()
                 .filter_map(|l| l.strip_prefix("data:"))
@@ -397,5 +401,17 @@ mod tests {
         );
         assert!(sse.push(b"data: x\n").is_empty(), "not ended yet");
         assert_eq!(sse.push(b"data: y\n\n"), ["x\ny"]);
+    }
+
+    #[test]
+    fn a_character_split_across_reads_arrives_whole() {
+        let mut sse = Sse::default();
+        let event = "data: caf\u{e9} \u{1f600}\n\n".as_bytes();
+        // Split inside the two-byte é and the four-byte emoji.
+        let (a, rest) = event.split_at(10);
+        let (b, c) = rest.split_at(4);
+        assert!(sse.push(a).is_empty());
+        assert!(sse.push(b).is_empty());
+        assert_eq!(sse.push(c), ["caf\u{e9} \u{1f600}"]);
     }
 }

@@ -73,54 +73,89 @@ pub fn conversations(
             .map(|q| q.prompt().to_owned())
             .collect()
     };
-    let documents = of(spec, "rag");
-    let summaries: Vec<String> = of(spec, "summarization")
-        .into_iter()
-        .filter(|d| d.chars().count() <= MAX_DOCUMENT_CHARS)
-        .collect();
+    let short = |docs: Vec<String>| -> Vec<String> {
+        docs.into_iter()
+            .filter(|d| d.chars().count() <= MAX_DOCUMENT_CHARS)
+            .collect()
+    };
+    let documents = short(of(spec, "rag"));
+    let summaries = short(of(spec, "summarization"));
     // MT-bench's second turns refer to the answer before them: follow-ups.
     let follow_ups: Vec<String> = spec
         .iter()
         .filter_map(|q| q.turns.get(1).cloned())
         .collect();
     let edits = of(code, "code-edit");
-    for (what, set, from) in [
-        ("`rag` questions", &documents, "the Spec-Bench file"),
+    // Each kind of material is needed from the turn that first uses it.
+    for (first_turn, what, set, from) in [
         (
-            "`summarization` questions (of at most 3,500 characters)",
-            &summaries,
+            0,
+            "`rag` questions (of at most 3,500 characters)",
+            &documents,
             "the Spec-Bench file",
         ),
         (
+            1,
             "two-turn (MT-bench) questions",
             &follow_ups,
             "the Spec-Bench file",
         ),
-        ("`code-edit` questions", &edits, "the code file"),
+        (
+            2,
+            "`summarization` questions (of at most 3,500 characters)",
+            &summaries,
+            "the Spec-Bench file",
+        ),
+        (4, "`code-edit` questions", &edits, "the code file"),
     ] {
-        if set.is_empty() {
+        if turns > first_turn && set.is_empty() {
             bail!("{from} has no {what}, which the conversations are built from");
         }
     }
     let pick = |set: &[String], i: usize| set[i % set.len()].clone();
     Ok((0..n)
         .map(|i| {
-            let all = [
-                pick(&documents, i),
-                pick(&follow_ups, 2 * i),
-                format!(
-                    "Summarize this article in three sentences.\n\n{}",
-                    pick(&summaries, i)
-                ),
-                pick(&follow_ups, 2 * i + 1),
-                pick(&edits, i),
+            // Built lazily: a set a shorter conversation does not reach
+            // may be empty.
+            let all: [&dyn Fn() -> String; 5] = [
+                &|| pick(&documents, i),
+                &|| pick(&follow_ups, 2 * i),
+                &|| {
+                    format!(
+                        "Summarize this article in three sentences.\n\n{}",
+                        pick(&summaries, i)
+                    )
+                },
+                &|| pick(&follow_ups, 2 * i + 1),
+                &|| pick(&edits, i),
             ];
             Conversation {
                 id: i,
-                user_turns: all.into_iter().take(turns).collect(),
+                user_turns: all.iter().take(turns).map(|f| f()).collect(),
             }
         })
         .collect())
+}
+
+/// The context, in tokens, that holds the longest of `conversations` with
+/// its answers of up to `max_new` tokens: what each of llama-server's slots
+/// needs. Counted from characters at two per token, generous for English
+/// and code (both run nearer four), plus room for the chat template's
+/// markers; rounded up to a multiple of 1,024.
+pub fn context_bound(conversations: &[Conversation], max_new: u32) -> usize {
+    const TEMPLATE_PER_MESSAGE: usize = 16;
+    let longest = conversations
+        .iter()
+        .map(|c| {
+            let text: usize = c.user_turns.iter().map(|t| t.len()).sum();
+            let messages = 1 + 2 * c.user_turns.len();
+            (SYSTEM_PROMPT.len() + text) / 2
+                + c.user_turns.len() * max_new as usize
+                + messages * TEMPLATE_PER_MESSAGE
+        })
+        .max()
+        .unwrap_or(0);
+    longest.div_ceil(1024).max(1) * 1024
 }
 
 #[cfg(test)]
@@ -171,6 +206,25 @@ mod tests {
         assert!(cs.iter().all(|c| !c.user_turns[2].contains("xxx")));
         let short = conversations(&spec, &code, 1, 2).unwrap();
         assert_eq!(short[0].user_turns.len(), 2);
+    }
+
+    #[test]
+    fn the_context_bound_holds_the_whole_conversation() {
+        let (spec, code) = sets();
+        let cs = conversations(&spec, &code, 2, 5).unwrap();
+        let bound = context_bound(&cs, 100);
+        let text: usize = cs[0].user_turns.iter().map(|t| t.len()).sum();
+        assert!(bound >= (SYSTEM_PROMPT.len() + text) / 2 + 5 * 100);
+        assert_eq!(bound % 1024, 0);
+        assert!(context_bound(&cs, 1000) > bound);
+    }
+
+    #[test]
+    fn only_the_turns_asked_for_need_their_material() {
+        let (spec, _) = sets();
+        // Two turns take a document and a follow-up: no code needed.
+        let cs = conversations(&spec, &[], 1, 2).unwrap();
+        assert_eq!(cs[0].user_turns.len(), 2);
     }
 
     #[test]

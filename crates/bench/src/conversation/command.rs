@@ -15,11 +15,6 @@ use specmesh_harness::model::ModelArgs;
 use super::{Api, ConversationArgs, PeerLaunch, Target};
 use crate::client::{Client, Transport};
 use crate::llama_cpp::PeerArgs;
-use crate::llama_cpp::server::Slots;
-
-/// The context of each llama-server slot: a whole conversation, its
-/// answers included.
-const PEER_SLOT_CONTEXT: usize = 8192;
 
 /// What the command was given.
 #[derive(Debug)]
@@ -27,6 +22,8 @@ pub struct Setup<'a> {
     pub model: &'a ModelArgs,
     /// `Some`: start this mesh for the run (`--up`).
     pub up: Option<&'a MeshArgs>,
+    /// Our draft model (`--draft-model`), llama.cpp's by default.
+    pub draft_model: Option<&'a Path>,
     /// Without `--up`: the gateway's gRPC API and OpenAI front, where given.
     pub grpc: Option<Connection>,
     pub http: Option<Connection>,
@@ -54,20 +51,8 @@ pub async fn run(setup: Setup<'_>) -> Result<()> {
                 bin_dir.display()
             );
         }
-        let draft = setup.up.and_then(|m| m.draft_model.as_deref());
-        let threads = setup
-            .model
-            .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        let slots = Slots {
-            parallel: args
-                .conversation_concurrency
-                .iter()
-                .copied()
-                .max()
-                .unwrap_or(1),
-            context: PEER_SLOT_CONTEXT,
-        };
+        let draft = setup.draft_model;
+        let threads = setup.model.threads_or_all();
         let model = setup.model.path()?;
         setup
             .peer
@@ -79,7 +64,6 @@ pub async fn run(setup: Setup<'_>) -> Result<()> {
                     model: model.clone(),
                     threads,
                     spec,
-                    slots,
                 }))
             })
             .collect()
@@ -98,16 +82,10 @@ pub async fn run(setup: Setup<'_>) -> Result<()> {
         }
         None => None,
     };
-    let plain = |url: String| Connection {
-        url,
-        api_key: None,
-        tls_ca: None,
-        tls_name: None,
-    };
     let (grpc, http) = match &mesh {
         Some(m) => (
-            Some(plain(m.gateway.url())),
-            m.gateway.http.clone().map(plain),
+            Some(Connection::plain(m.gateway.url())),
+            m.gateway.http.clone().map(Connection::plain),
         ),
         None => (setup.grpc.clone(), setup.http.clone()),
     };
@@ -134,6 +112,16 @@ pub async fn run(setup: Setup<'_>) -> Result<()> {
         if let Some(path) = setup.json {
             std::fs::write(path, serde_json::to_string_pretty(&outcome.json)?)
                 .with_context(|| format!("writing {}", path.display()))?;
+        }
+        if !outcome.failures.is_empty() {
+            for f in &outcome.failures {
+                eprintln!("FAILED {f}");
+            }
+            bail!(
+                "{} of our conversations failed (the first: {})",
+                outcome.failures.len(),
+                outcome.failures[0]
+            );
         }
         if !outcome.mismatches.is_empty() {
             for m in &outcome.mismatches {

@@ -51,14 +51,14 @@ pub enum Target {
     LlamaServer(Arc<PeerLaunch>),
 }
 
-/// How to start the peer for a pass.
+/// How to start the peer for a pass: a slot per conversation in flight,
+/// each with the context [`Plan::peer_context`].
 #[derive(Debug)]
 pub struct PeerLaunch {
     pub bin_dir: PathBuf,
     pub model: PathBuf,
     pub threads: usize,
     pub spec: PeerSpec,
-    pub slots: Slots,
 }
 
 impl Target {
@@ -95,6 +95,9 @@ pub struct Plan {
     /// Names this pass's tenants and sessions apart from every other
     /// pass's, so no pass finds another's drafts or caches.
     pub tag: String,
+    /// The context of each of llama-server's slots: the longest
+    /// conversation, its answers included.
+    pub peer_context: usize,
 }
 
 /// One answered turn.
@@ -137,8 +140,12 @@ pub async fn pass(
         Target::Ours { client, .. } => (client.clone(), None),
         Target::LlamaServer(launch) => {
             let l = launch.clone();
+            let slots = Slots {
+                parallel: plan.concurrency,
+                context: plan.peer_context,
+            };
             let server = tokio::task::spawn_blocking(move || {
-                Server::start(&l.bin_dir, &l.model, l.threads, &l.spec, l.slots)
+                Server::start(&l.bin_dir, &l.model, l.threads, &l.spec, slots)
             })
             .await??;
             (Client::llama_server(&server.url).await?, Some(server))

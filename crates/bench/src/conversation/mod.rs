@@ -38,7 +38,9 @@ pub struct ConversationArgs {
     /// Run N multi-turn conversations (a shared system prompt of tool
     /// descriptions, a document with a question, follow-ups, a document to
     /// summarize, a code file to edit; the whole history resent each turn)
-    /// instead of one-shot prompts.
+    /// instead of one-shot prompts. Their material comes from
+    /// --conversation-questions and --conversation-code (--questions and
+    /// its selection are the one-shot prompts').
     #[arg(long, default_value_t = 0)]
     pub conversations: usize,
     /// User turns per conversation, 1 to 5 (the first N of the above).
@@ -71,9 +73,10 @@ impl ConversationArgs {
 
     /// Checks the flags before anything starts.
     pub fn check(&self) -> Result<()> {
+        let most = build::TURN_KINDS.len();
         ensure!(
-            (1..=5).contains(&self.turns),
-            "`--turns {}`: a conversation has 1 to 5 user turns",
+            (1..=most).contains(&self.turns),
+            "`--turns {}`: a conversation has 1 to {most} user turns",
             self.turns
         );
         ensure!(self.tenants >= 1, "`--tenants` must be >= 1");
@@ -115,6 +118,8 @@ pub struct Outcome {
     pub json: serde_json::Value,
     /// Our answers that differ between passes.
     pub mismatches: Vec<String>,
+    /// Our conversations that failed, with why.
+    pub failures: Vec<String>,
 }
 
 /// Runs the conversations against every target, by concurrency level,
@@ -126,14 +131,15 @@ pub async fn run(
     repeats: usize,
     run_id: &str,
 ) -> Result<Outcome> {
-    let spec = specbench::read(&args.conversation_questions)?;
-    let code = specbench::read(&args.conversation_code)?;
+    let spec = specbench::read(&args.conversation_questions, "--conversation-questions")?;
+    let code = specbench::read(&args.conversation_code, "--conversation-code")?;
     let conversations = Arc::new(build::conversations(
         &spec,
         &code,
         args.conversations,
         args.turns,
     )?);
+    let peer_context = build::context_bound(&conversations, max_new);
     let mut passes = Vec::new();
     for &concurrency in &args.conversation_concurrency {
         for repeat in 1..=repeats.max(1) {
@@ -145,6 +151,7 @@ pub async fn run(
                     mode: Mode::Auto,
                     tenants: args.tenants,
                     tag: format!("{run_id}-conv-c{concurrency}-r{repeat}-{i}"),
+                    peer_context,
                 };
                 let p = drive::pass(target, &conversations, &plan)
                     .await
@@ -170,7 +177,14 @@ pub async fn run(
     }
     let rows: Vec<report::Row> = passes.iter().map(report::row).collect();
     let versus = report::versus(&rows);
-    let (mismatches, (agree, compared)) = report::identity(&passes);
+    let identity = report::identity(&passes, args.turns);
+    // Ours must answer every turn: a failed conversation is a failure of
+    // the run (the peer's are reported, and keep it out of the ratios).
+    let failures: Vec<String> = passes
+        .iter()
+        .filter(|p| !p.peer)
+        .flat_map(|p| p.failures.iter().map(move |f| format!("{}: {f}", p.target)))
+        .collect();
     println!(
         "\n{} conversations of {} turns ({}), {max_new} new tokens per turn, {} tenant(s)",
         args.conversations,
@@ -183,15 +197,21 @@ pub async fn run(
         println!();
         print!("{}", report::versus_table(&versus).text());
     }
-    if compared > 0 {
+    if identity.peer_whole > 0 {
         println!(
-            "llama.cpp's greedy answers equal ours on every turn in {agree} of {compared} conversations (its numerics differ)"
+            "llama.cpp's greedy answers equal ours on every turn in {} of {} conversations (its numerics differ)",
+            identity.peer_equal, identity.peer_whole
         );
     }
-    println!(
-        "greedy mismatches between our APIs, sessions and concurrencies: {}",
-        mismatches.len()
-    );
+    if identity.compared_turns == 0 {
+        println!("no identity check: one pass of ours answered each turn (add APIs or levels)");
+    } else {
+        println!(
+            "greedy mismatches between our APIs, sessions, concurrencies and repetitions: {} of {} turns compared",
+            identity.mismatches.len(),
+            identity.compared_turns
+        );
+    }
     let json = json!({
         "conversations": args.conversations,
         "turns": args.turns,
@@ -200,9 +220,16 @@ pub async fn run(
         "system_prompt": build::SYSTEM_PROMPT,
         "rows": rows,
         "versus": versus,
-        "mismatches": mismatches,
-        "peer_agreement": (compared > 0).then_some(json!({"equal": agree, "of": compared})),
+        "mismatches": identity.mismatches,
+        "compared_turns": identity.compared_turns,
+        "failures": failures,
+        "peer_agreement": (identity.peer_whole > 0)
+            .then_some(json!({"equal": identity.peer_equal, "of": identity.peer_whole})),
         "passes": passes,
     });
-    Ok(Outcome { json, mismatches })
+    Ok(Outcome {
+        json,
+        mismatches: identity.mismatches,
+        failures,
+    })
 }

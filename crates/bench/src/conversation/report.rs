@@ -24,10 +24,10 @@ pub struct Row {
     pub turns: usize,
     pub failed_conversations: usize,
     pub ttft_first_turn_p50_ms: f64,
-    /// Over turns 2 and later.
-    pub ttft_later_p50_ms: f64,
-    pub ttft_later_p99_ms: f64,
-    pub ttft_later_mean_ms: f64,
+    /// Over turns 2 and later (`None` with one turn a conversation).
+    pub ttft_later_p50_ms: Option<f64>,
+    pub ttft_later_p99_ms: Option<f64>,
+    pub ttft_later_mean_ms: Option<f64>,
     /// The pass, first request to last answer.
     pub total_seconds: f64,
     pub prompt_tokens: usize,
@@ -66,9 +66,10 @@ pub fn row(p: &Pass) -> Row {
         turns: p.turns.len(),
         failed_conversations: p.failures.len(),
         ttft_first_turn_p50_ms: percentile(first, 0.5),
-        ttft_later_p50_ms: percentile(later.clone(), 0.5),
-        ttft_later_p99_ms: percentile(later.clone(), 0.99),
-        ttft_later_mean_ms: later.iter().sum::<f64>() / later.len().max(1) as f64,
+        ttft_later_p50_ms: (!later.is_empty()).then(|| percentile(later.clone(), 0.5)),
+        ttft_later_p99_ms: (!later.is_empty()).then(|| percentile(later.clone(), 0.99)),
+        ttft_later_mean_ms: (!later.is_empty())
+            .then(|| later.iter().sum::<f64>() / later.len() as f64),
         total_seconds: p.duration_seconds,
         prompt_tokens,
         cached_tokens,
@@ -105,8 +106,10 @@ pub fn table(rows: &[Row]) -> Table {
                 r.turns.to_string()
             },
             format!("{:.0}", r.ttft_first_turn_p50_ms),
-            format!("{:.0}", r.ttft_later_p50_ms),
-            format!("{:.0}", r.ttft_later_p99_ms),
+            r.ttft_later_p50_ms
+                .map_or("—".into(), |v| format!("{v:.0}")),
+            r.ttft_later_p99_ms
+                .map_or("—".into(), |v| format!("{v:.0}")),
             format!("{:.1}", r.total_seconds),
             r.prompt_tokens.to_string(),
             r.cached_share
@@ -126,7 +129,8 @@ pub struct Versus {
     pub repeat: usize,
     pub target: String,
     pub peer: String,
-    pub ttft_later_p50_ratio: f64,
+    /// `None` with one turn a conversation.
+    pub ttft_later_p50_ratio: Option<f64>,
     pub total_ratio: f64,
 }
 
@@ -146,13 +150,17 @@ pub fn versus(rows: &[Row]) -> Vec<Versus> {
         else {
             continue;
         };
-        for r in at().filter(|r| !r.peer) {
+        // A pass that lost conversations did less work: no ratio.
+        for r in at().filter(|r| !r.peer && r.failed_conversations == 0) {
             out.push(Versus {
                 concurrency: c,
                 repeat: rep,
                 target: r.target.clone(),
                 peer: best.target.clone(),
-                ttft_later_p50_ratio: r.ttft_later_p50_ms / best.ttft_later_p50_ms.max(1e-9),
+                ttft_later_p50_ratio: r
+                    .ttft_later_p50_ms
+                    .zip(best.ttft_later_p50_ms)
+                    .map(|(ours, theirs)| ours / theirs.max(1e-9)),
                 total_ratio: r.total_seconds / best.total_seconds.max(1e-9),
             });
         }
@@ -175,20 +183,35 @@ pub fn versus_table(v: &[Versus]) -> Table {
             x.concurrency.to_string(),
             x.repeat.to_string(),
             x.peer.clone(),
-            format!("{:.2}x", x.ttft_later_p50_ratio),
+            x.ttft_later_p50_ratio
+                .map_or("—".into(), |v| format!("{v:.2}x")),
             format!("{:.2}x", x.total_ratio),
         ]);
     }
     t
 }
 
+/// What [`identity`] found.
+#[derive(Debug, Default, PartialEq)]
+pub struct Identity {
+    /// Our turns that differ from the first of our passes that answered
+    /// the same turn.
+    pub mismatches: Vec<String>,
+    /// Our turns compared with another pass's.
+    pub compared_turns: usize,
+    /// llama.cpp's conversations answered whole that equal ours on every
+    /// turn, and those it answered whole.
+    pub peer_equal: usize,
+    pub peer_whole: usize,
+}
+
 /// Greedy answers must not depend on the API, the session, the
 /// concurrency or the repetition: every turn of our passes is compared
 /// with the same turn of our first pass that answered it. A conversation
 /// is compared up to its first difference only (after it the histories
-/// differ). Returns the differences, and llama.cpp's conversations that
-/// equal ours on every turn, out of those compared.
-pub fn identity(passes: &[Pass]) -> (Vec<String>, (usize, usize)) {
+/// differ). llama.cpp's conversations of all `turns` are compared with
+/// ours too, for the record (its numerics differ).
+pub fn identity(passes: &[Pass], turns: usize) -> Identity {
     let mut reference: BTreeMap<(usize, usize), (&str, &str)> = BTreeMap::new();
     for p in passes.iter().filter(|p| !p.peer) {
         for t in &p.turns {
@@ -197,21 +220,31 @@ pub fn identity(passes: &[Pass]) -> (Vec<String>, (usize, usize)) {
                 .or_insert((t.text.as_str(), p.target.as_str()));
         }
     }
-    let (mut mismatches, mut agree, mut compared) = (Vec::new(), 0, 0);
+    let first_of = |target: &str, c: usize, turn: usize| {
+        reference
+            .get(&(c, turn))
+            .is_some_and(|&(_, from)| from == target)
+    };
+    let mut out = Identity::default();
     for p in passes {
-        let mut conversations: BTreeMap<usize, bool> = BTreeMap::new();
+        // Per conversation: still equal, and turns seen.
+        let mut conversations: BTreeMap<usize, (bool, usize)> = BTreeMap::new();
         for t in &p.turns {
-            let same = conversations.entry(t.conversation).or_insert(true);
+            let (same, seen) = conversations.entry(t.conversation).or_insert((true, 0));
+            *seen += 1;
             if !*same {
                 continue;
             }
             let Some(&(text, from)) = reference.get(&(t.conversation, t.turn)) else {
                 continue;
             };
+            if !p.peer && !first_of(&p.target, t.conversation, t.turn) {
+                out.compared_turns += 1;
+            }
             if text != t.text {
                 *same = false;
                 if !p.peer {
-                    mismatches.push(format!(
+                    out.mismatches.push(format!(
                         "conversation {}, turn {}: {} at concurrency {} (repeat {}) differs from {}",
                         t.conversation,
                         t.turn + 1,
@@ -224,11 +257,13 @@ pub fn identity(passes: &[Pass]) -> (Vec<String>, (usize, usize)) {
             }
         }
         if p.peer {
-            compared += conversations.len();
-            agree += conversations.values().filter(|&&s| s).count();
+            let whole = conversations.values().filter(|(_, seen)| *seen == turns);
+            let whole: Vec<bool> = whole.map(|(same, _)| *same).collect();
+            out.peer_whole += whole.len();
+            out.peer_equal += whole.iter().filter(|&&s| s).count();
         }
     }
-    (mismatches, (agree, compared))
+    out
 }
 
 #[cfg(test)]
@@ -277,8 +312,8 @@ mod tests {
         assert_eq!((r.turns, r.conversations), (3, 1));
         assert!((r.ttft_first_turn_p50_ms - 2000.0).abs() < 1e-9);
         // Nearest rank of [300, 500] at 0.5 is index round(0.5) = 1.
-        assert!((r.ttft_later_p50_ms - 500.0).abs() < 1e-9);
-        assert!((r.ttft_later_mean_ms - 400.0).abs() < 1e-9);
+        assert!((r.ttft_later_p50_ms.unwrap() - 500.0).abs() < 1e-9);
+        assert!((r.ttft_later_mean_ms.unwrap() - 400.0).abs() < 1e-9);
         assert_eq!(r.cached_tokens, Some(160));
         assert!((r.cached_share.unwrap() - 160.0 / 300.0).abs() < 1e-12);
         assert!((r.output_tokens_per_second - 3.0).abs() < 1e-12);
@@ -287,6 +322,9 @@ mod tests {
             t.cached_tokens = None;
         }
         assert_eq!(row(&silent).cached_share, None);
+        // One turn a conversation: no later turns, no numbers for them.
+        let one = pass("ours", false, 1.0, vec![turn(0, 0, 2.0, "a")]);
+        assert_eq!(row(&one).ttft_later_p50_ms, None);
     }
 
     #[test]
@@ -318,7 +356,11 @@ mod tests {
         assert_eq!(v.len(), 1);
         assert_eq!(v[0].peer, "llama.cpp ngram-mod");
         assert!((v[0].total_ratio - 10.0 / 16.0).abs() < 1e-12);
-        assert!((v[0].ttft_later_p50_ratio - 0.25).abs() < 1e-12);
+        assert!((v[0].ttft_later_p50_ratio.unwrap() - 0.25).abs() < 1e-12);
+        // A pass of ours that lost a conversation gets no ratio.
+        let mut lost = rows.clone();
+        lost[0].failed_conversations = 1;
+        assert!(versus(&lost).is_empty());
     }
 
     #[test]
@@ -332,6 +374,7 @@ mod tests {
                     turn(0, 0, 1.0, "a"),
                     turn(0, 1, 1.0, "b"),
                     turn(1, 0, 1.0, "x"),
+                    turn(1, 1, 1.0, "y"),
                 ],
             ),
             pass(
@@ -342,6 +385,7 @@ mod tests {
                     turn(0, 0, 1.0, "a"),
                     turn(0, 1, 1.0, "B"),
                     turn(1, 0, 1.0, "x"),
+                    turn(1, 1, 1.0, "y"),
                 ],
             ),
             pass(
@@ -352,12 +396,26 @@ mod tests {
                     turn(0, 0, 1.0, "z"),
                     turn(0, 1, 1.0, "b"),
                     turn(1, 0, 1.0, "x"),
+                    turn(1, 1, 1.0, "y"),
                 ],
             ),
         ];
-        let (mismatches, (agree, compared)) = identity(&passes);
-        assert_eq!(mismatches.len(), 1, "{mismatches:?}");
-        assert!(mismatches[0].contains("turn 2: HTTP"), "{mismatches:?}");
-        assert_eq!((agree, compared), (1, 2));
+        let id = identity(&passes, 2);
+        assert_eq!(id.mismatches.len(), 1, "{:?}", id.mismatches);
+        assert!(
+            id.mismatches[0].contains("turn 2: HTTP"),
+            "{:?}",
+            id.mismatches
+        );
+        // HTTP's four turns were compared with gRPC's (the first pass).
+        assert_eq!(id.compared_turns, 4);
+        // The peer's first conversation differs at its first turn, its
+        // second equals ours; a conversation it did not finish is not
+        // counted.
+        assert_eq!((id.peer_equal, id.peer_whole), (1, 2));
+        let mut short = passes;
+        short[2].turns.pop();
+        let id = identity(&short, 2);
+        assert_eq!((id.peer_equal, id.peer_whole), (0, 1));
     }
 }

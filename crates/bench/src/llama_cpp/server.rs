@@ -25,6 +25,8 @@ pub struct Slots {
 #[derive(Debug)]
 pub struct Server {
     child: Child,
+    /// Its stderr (its log), for saying why it failed.
+    log: tempfile::NamedTempFile,
     /// `http://127.0.0.1:PORT`.
     pub url: String,
     /// What the build says of itself, for reports.
@@ -55,7 +57,13 @@ impl Server {
         }
         let port = free_port()?;
         let total_context = slots.parallel.max(1) * slots.context;
+        let log = tempfile::Builder::new()
+            .prefix("specmesh-llama-server-")
+            .suffix(".log")
+            .tempfile()
+            .context("a file for llama-server's log")?;
         let mut cmd = Command::new(&bin);
+        specmesh_harness::launch::die_with_parent(&mut cmd);
         cmd.arg("-m")
             .arg(model)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
@@ -65,21 +73,30 @@ impl Server {
             .args(spec.args(threads))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(log.reopen().context("llama-server's log")?);
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let mut server = Server {
             child,
+            log,
             url: format!("http://127.0.0.1:{port}"),
             version: format!(
                 "llama.cpp llama-server ({})",
                 build_info(bin_dir).unwrap_or_else(|| "unknown build".into())
             ),
         };
-        server
-            .wait_ready(Duration::from_secs(300))
-            .with_context(|| format!("{} ({})", spec.name(), bin.display()))?;
+        if let Err(e) = server.wait_ready(Duration::from_secs(300)) {
+            let log = std::fs::read_to_string(server.log.path()).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(3).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            return Err(e.context(format!(
+                "{} ({}); its log ends: {}",
+                spec.name(),
+                bin.display(),
+                tail.join(" | ")
+            )));
+        }
         Ok(server)
     }
 

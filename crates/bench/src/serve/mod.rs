@@ -57,18 +57,24 @@ pub struct Args {
     /// Start verifier, drafter and gateway on loopback for the run.
     #[arg(long)]
     up: bool,
-    /// With --up: the mesh to start.
+    // With --up: the mesh to start.
     #[command(flatten)]
     mesh: MeshArgs,
-    /// The conversation workload (`--conversations N`) instead of
-    /// one-shot prompts at request rates.
+    // The conversation workload (`--conversations N`) instead of one-shot
+    // prompts at request rates.
     #[command(flatten)]
     conversation: ConversationArgs,
-    /// llama.cpp's llama-server beside ours, with `--conversations`.
+    // llama.cpp's llama-server beside ours, with `--conversations`.
     #[command(flatten)]
     peer: PeerArgs,
     /// With --up: which of the gateway's APIs the requests use.
-    #[arg(long, value_enum, default_value_t = Transport::Grpc, requires = "up")]
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = Transport::Grpc,
+        requires = "up",
+        conflicts_with = "conversations"
+    )]
     transport: Transport,
     /// The API key to send (`authorization: Bearer KEY`). The key fixes
     /// the tenant, so the passes then share one drafter index.
@@ -83,22 +89,28 @@ pub struct Args {
     tls_name: Option<String>,
     /// Request rates to run, in requests per second; `inf` sends every
     /// request at once.
-    #[arg(long, value_delimiter = ',', value_parser = Rate::parse, default_value = "inf")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_parser = Rate::parse,
+        default_value = "inf",
+        conflicts_with = "conversations"
+    )]
     request_rate: Vec<Rate>,
     /// Shape of the gamma-distributed inter-arrival times (mean 1/rate): 1
     /// is Poisson, larger is more regular, smaller burstier.
-    #[arg(long, value_parser = arrivals::parse_burstiness, default_value_t = 1.0)]
+    #[arg(long, value_parser = arrivals::parse_burstiness, default_value_t = 1.0, conflicts_with = "conversations")]
     burstiness: f64,
     /// Seed of the arrival times (the same for off and auto).
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Requests per pass (one rate, one mode), the selected questions in
     /// order, cycled (default: each selected question once).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "conversations")]
     num_prompts: Option<usize>,
     /// At most this many requests in flight; later arrivals wait for a slot
     /// (default: no limit).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "conversations")]
     max_concurrency: Option<usize>,
     /// New tokens per request (greedy).
     #[arg(long, default_value_t = 128)]
@@ -108,13 +120,13 @@ pub struct Args {
     repeats: usize,
     /// Count the requests meeting every bound, in milliseconds, as goodput:
     /// e.g. `ttft:500,tpot:50` (also `e2el:MS`).
-    #[arg(long, value_parser = Slo::parse)]
+    #[arg(long, value_parser = Slo::parse, conflicts_with = "conversations")]
     goodput: Option<Slo>,
     /// Write a record per pass (vllm bench serve's field names) as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
     /// Write output tok/s and p99 TPOT against the request rate as an SVG.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "conversations")]
     plot: Option<PathBuf>,
 }
 
@@ -152,6 +164,7 @@ pub fn run(args: Args) -> Result<()> {
         return rt.block_on(crate::conversation::command::run(Setup {
             model: &args.model,
             up: args.up.then_some(&args.mesh),
+            draft_model: args.mesh.draft_model.as_deref(),
             grpc: args.gateway.as_ref().map(connection),
             http: args.http.as_ref().map(connection),
             peer: &args.peer,

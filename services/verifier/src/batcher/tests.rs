@@ -8,8 +8,8 @@
 //! what was sent forms a batch, never timing; where the order in which the
 //! thread first sees jobs matters, they are queued before it starts
 //! ([`paused`]). Greedy sessions without stop rules commit exactly what
-//! plain decoding (`specmesh_engine::generate`) does: every answer is
-//! checked token for token. The goodput planner is off (trees verified
+//! plain decoding (`specmesh_engine::plain`) does: every answer is checked
+//! token for token. The goodput planner is off (trees verified
 //! whole) but in one test: what it grants depends on measured forward
 //! times, except in a fresh batcher's first forward, which that test runs.
 
@@ -20,7 +20,7 @@ use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 
 use specmesh_draft::Sources;
-use specmesh_engine::{SessionLimits, generate, step_batch};
+use specmesh_engine::{SessionLimits, plain, step_batch};
 use specmesh_model::{LoadOptions, Sequence};
 use specmesh_planner::StepModel;
 use specmesh_sampling::SamplingParams;
@@ -86,18 +86,8 @@ fn limits(max_new: usize) -> SessionLimits {
 
 /// The first `n` tokens plain greedy decoding commits after `prompt`.
 fn plain(prompt: &[u32], n: usize) -> Vec<u32> {
-    let (v, params) = (vocab(), SamplingParams::greedy());
-    let mut budget = |_: &Session| TreeLimits::new(1, 0, v);
-    let g = generate(
-        model(),
-        prompt,
-        params,
-        limits(n),
-        None,
-        &mut budget,
-        &mut |_| {},
-    );
-    g.unwrap().tokens
+    let mut batch = plain::greedy_batch(model(), &[prompt.to_vec()], n, &[]).unwrap();
+    batch.pop().expect("one answer per prompt")
 }
 
 /// A session as the session shell makes one (`stream::drive_inner`),
