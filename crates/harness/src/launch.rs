@@ -32,6 +32,11 @@ pub struct Service {
 /// On Linux, the process `cmd` starts gets SIGTERM when its launcher dies,
 /// even a killed one, so no orphan keeps a port or a model in memory (the
 /// services here, and the benchmarks' llama-server).
+///
+/// Linux ties this to the *thread* that spawns the child, not the process:
+/// spawn from threads that live as long as the launcher (`main`, the tokio
+/// runtime's workers), never from `spawn_blocking`, whose threads exit
+/// after ten idle seconds and would take the child with them.
 pub fn die_with_parent(cmd: &mut std::process::Command) {
     #[cfg(target_os = "linux")]
     {

@@ -139,15 +139,17 @@ pub async fn pass(
     let (client, _server) = match target {
         Target::Ours { client, .. } => (client.clone(), None),
         Target::LlamaServer(launch) => {
-            let l = launch.clone();
+            let l = launch.as_ref();
             let slots = Slots {
                 parallel: plan.concurrency,
                 context: plan.peer_context,
             };
-            let server = tokio::task::spawn_blocking(move || {
-                Server::start(&l.bin_dir, &l.model, l.threads, &l.spec, slots)
-            })
-            .await??;
+            // Spawned here, on one of the runtime's threads, which live
+            // as long as the run: a blocking-pool thread exits when idle,
+            // and the server would die with it. Only the wait goes there.
+            let mut server = Server::spawn(&l.bin_dir, &l.model, l.threads, &l.spec, slots)?;
+            let server =
+                tokio::task::spawn_blocking(move || server.ready().map(|()| server)).await??;
             (Client::llama_server(&server.url).await?, Some(server))
         }
     };

@@ -31,6 +31,8 @@ pub struct Server {
     pub url: String,
     /// What the build says of itself, for reports.
     pub version: String,
+    /// Its configuration and binary, for errors.
+    name: String,
 }
 
 fn free_port() -> Result<u16> {
@@ -42,6 +44,23 @@ impl Server {
     /// and waits until its model is loaded. Its prompt cache is on (its
     /// default): a request reuses the longest prefix its slot still holds.
     pub fn start(
+        bin_dir: &Path,
+        model: &Path,
+        threads: usize,
+        spec: &PeerSpec,
+        slots: Slots,
+    ) -> Result<Server> {
+        let mut server = Server::spawn(bin_dir, model, threads, spec, slots)?;
+        server.ready()?;
+        Ok(server)
+    }
+
+    /// Starts the process without waiting for it: [`Server::ready`] waits.
+    /// Call it from a thread that lives as long as the run (the server dies
+    /// with the thread that spawned it, see
+    /// [`specmesh_harness::launch::die_with_parent`]); the wait can go
+    /// elsewhere.
+    pub fn spawn(
         bin_dir: &Path,
         model: &Path,
         threads: usize,
@@ -77,7 +96,7 @@ impl Server {
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
-        let mut server = Server {
+        Ok(Server {
             child,
             log,
             url: format!("http://127.0.0.1:{port}"),
@@ -85,19 +104,19 @@ impl Server {
                 "llama.cpp llama-server ({})",
                 build_info(bin_dir).unwrap_or_else(|| "unknown build".into())
             ),
-        };
-        if let Err(e) = server.wait_ready(Duration::from_secs(300)) {
-            let log = std::fs::read_to_string(server.log.path()).unwrap_or_default();
+            name: format!("{} ({})", spec.name(), bin.display()),
+        })
+    }
+
+    /// Waits until the server has loaded its model (blocking, up to 5
+    /// minutes); on failure says why, with the end of its log.
+    pub fn ready(&mut self) -> Result<()> {
+        self.wait_ready(Duration::from_secs(300)).map_err(|e| {
+            let log = std::fs::read_to_string(self.log.path()).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(3).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
-            return Err(e.context(format!(
-                "{} ({}); its log ends: {}",
-                spec.name(),
-                bin.display(),
-                tail.join(" | ")
-            )));
-        }
-        Ok(server)
+            e.context(format!("{}; its log ends: {}", self.name, tail.join(" | ")))
+        })
     }
 
     fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
