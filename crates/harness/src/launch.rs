@@ -29,29 +29,43 @@ pub struct Service {
     child: Child,
 }
 
-/// On Linux, the process `cmd` starts gets SIGTERM when its launcher dies,
-/// even a killed one, so no orphan keeps a port or a model in memory (the
-/// services here, and the benchmarks' llama-server).
+/// What a child gets when its launcher dies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnLauncherDeath {
+    /// SIGTERM: our services shut down cleanly on it.
+    Terminate,
+    /// SIGKILL: for processes that may not exit on SIGTERM (llama-server
+    /// closes its connections on SIGTERM, then can wait on a busy slot).
+    Kill,
+}
+
+/// On Linux, the process `cmd` starts gets `signal` when its launcher
+/// dies, even a killed one, so no orphan keeps a port or a model in memory
+/// (the services here, and the benchmarks' llama-server).
 ///
 /// Linux ties this to the *thread* that spawns the child, not the process:
 /// spawn from threads that live as long as the launcher (`main`, the tokio
 /// runtime's workers), never from `spawn_blocking`, whose threads exit
-/// after ten idle seconds and would take the child with them.
-pub fn die_with_parent(cmd: &mut std::process::Command) {
+/// after ten idle seconds and would signal the child then.
+pub fn die_with_parent(cmd: &mut std::process::Command, signal: OnLauncherDeath) {
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;
+        let signal = match signal {
+            OnLauncherDeath::Terminate => libc::SIGTERM,
+            OnLauncherDeath::Kill => libc::SIGKILL,
+        };
         // SAFETY: prctl in the forked child before exec touches no memory
         // of the parent.
         unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            cmd.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, signal);
                 Ok(())
             });
         }
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = cmd;
+    let _ = (cmd, signal);
 }
 
 /// The binary `name` next to this executable (how cargo and releases lay
@@ -90,7 +104,7 @@ impl Service {
             }
             None => Command::new(&bin),
         };
-        die_with_parent(cmd.as_std_mut());
+        die_with_parent(cmd.as_std_mut(), OnLauncherDeath::Terminate);
         // The mesh this launches runs on loopback for development and
         // benchmarks: plaintext, unless the environment configures the
         // service's TLS (or says plaintext itself).

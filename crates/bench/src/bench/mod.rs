@@ -489,7 +489,7 @@ async fn bench(
     if let Some(path) = &args.markdown {
         let mut md: Vec<String> = tables.iter().map(|t| t.markdown()).collect();
         md.extend(peer_line.clone());
-        std::fs::write(path, md.join("\n"))
+        std::fs::write(path, md.join("\n") + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &args.plot {

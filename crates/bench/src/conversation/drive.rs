@@ -146,7 +146,8 @@ pub async fn pass(
             };
             // Spawned here, on one of the runtime's threads, which live
             // as long as the run: a blocking-pool thread exits when idle,
-            // and the server would die with it. Only the wait goes there.
+            // and the server would be signalled then (it closed every
+            // connection mid-answer). Only the wait goes there.
             let mut server = Server::spawn(&l.bin_dir, &l.model, l.threads, &l.spec, slots)?;
             let server =
                 tokio::task::spawn_blocking(move || server.ready().map(|()| server)).await??;

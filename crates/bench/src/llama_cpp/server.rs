@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use specmesh_harness::launch;
 
 use super::build_info;
 use super::spec::PeerSpec;
@@ -82,7 +83,7 @@ impl Server {
             .tempfile()
             .context("a file for llama-server's log")?;
         let mut cmd = Command::new(&bin);
-        specmesh_harness::launch::die_with_parent(&mut cmd);
+        launch::die_with_parent(&mut cmd, launch::OnLauncherDeath::Kill);
         cmd.arg("-m")
             .arg(model)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
