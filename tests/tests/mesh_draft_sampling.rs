@@ -58,10 +58,13 @@ async fn a_frequent_token_draft_head_keeps_sampling_exact() {
 /// request, and a seeded plain request draws the same tokens in any
 /// batch), so the second test to get there reuses the first's instead of
 /// sampling them again. A std mutex: each test has a runtime of its own.
-static PLAIN: std::sync::Mutex<Vec<((u32, u32), Vec<Vec<u32>>)>> =
-    std::sync::Mutex::new(Vec::new());
+static PLAIN: std::sync::Mutex<Vec<(Setting, Outputs)>> = std::sync::Mutex::new(Vec::new());
 
-fn plain_outputs(key: (u32, u32)) -> Option<Vec<Vec<u32>>> {
+/// A (temperature, top-p) pair by its bits, and one output per seed.
+type Setting = (u32, u32);
+type Outputs = Vec<Vec<u32>>;
+
+fn plain_outputs(key: Setting) -> Option<Outputs> {
     let plain = PLAIN.lock().unwrap_or_else(|e| e.into_inner());
     plain
         .iter()
