@@ -202,20 +202,16 @@ impl Cluster {
         }
     }
 
-    /// Polls every verifier until none runs a session and each holds no
-    /// more KV than `kept` says for it, for at most `within`; returns the
-    /// last stats either way (the caller asserts).
-    pub async fn settled_stats(
-        &self,
-        within: Duration,
-        kept: impl Fn(usize) -> u64,
-    ) -> Vec<Option<v1::VerifierStats>> {
+    /// Polls every verifier until none runs a session or holds a KV
+    /// reservation, for at most `within`; returns the last stats either
+    /// way (the caller asserts). What stays is the prefix cache.
+    pub async fn settled_stats(&self, within: Duration) -> Vec<Option<v1::VerifierStats>> {
         let start = Instant::now();
         loop {
             let stats = self.verifier_stats().await;
-            let settled = stats.iter().enumerate().all(|(i, s)| {
+            let settled = stats.iter().all(|s| {
                 s.as_ref()
-                    .is_some_and(|s| s.active_sessions == 0 && s.kv_bytes == kept(i))
+                    .is_some_and(|s| s.active_sessions == 0 && s.reserved_bytes == 0)
             });
             if settled || start.elapsed() > within {
                 return stats;

@@ -364,15 +364,14 @@ fn bench_serve_runs_conversations_over_every_api_and_checks_their_answers() {
             let prompt = |t: &serde_json::Value| t["prompt_tokens"].as_u64().unwrap();
             let cached = |t: &serde_json::Value| t["cached_tokens"].as_u64().unwrap();
             assert!(prompt(of[1]) > prompt(of[0]));
-            assert_eq!(cached(of[0]), 0, "a first turn has nothing cached");
-            if p["target"] == "gRPC + session_id" {
-                // The verifier kept the conversation's KV: the first
-                // turn's prompt is reused, the follow-up is not.
-                assert!(cached(of[1]) >= prompt(of[0]), "{}", of[1]);
-                assert!(cached(of[1]) < prompt(of[1]), "{}", of[1]);
-            } else {
-                assert_eq!(cached(of[1]), 0, "nothing cached without a session");
-            }
+            // A first turn may find the system prompt the other
+            // conversation of its pass (its tenant) computed, no more.
+            assert!(cached(of[0]) < prompt(of[0]), "{}", of[0]);
+            // Every API, the OpenAI front without a session included,
+            // reuses the first turn's prompt (whole blocks of 16 tokens),
+            // never the follow-up.
+            assert!(cached(of[1]) + 16 >= prompt(of[0]), "{}", of[1]);
+            assert!(cached(of[1]) < prompt(of[1]), "{}", of[1]);
         }
     }
 }

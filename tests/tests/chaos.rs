@@ -57,18 +57,23 @@ async fn assert_nothing_lost_or_changed(cluster: &Cluster, tally: &Tally) {
         tally.requests,
         tally.changed.join("\n")
     );
-    // Every session ended (cancelled ones too) and freed its KV: requests
-    // without a session id keep no cache. Restarted verifiers start empty,
-    // so the one that was never killed is the telling one; all must be.
-    let stats = cluster.settled_stats(Duration::from_secs(10), |_| 0).await;
+    // Every session ended (cancelled ones too) and freed its reservation;
+    // what stays is the prefix cache, within the budget. Restarted
+    // verifiers start empty, so the one that was never killed is the
+    // telling one; all must be.
+    let stats = cluster.settled_stats(Duration::from_secs(10)).await;
     for (url, s) in cluster.verifier_urls().iter().zip(&stats) {
         let s = s
             .as_ref()
             .unwrap_or_else(|| panic!("the verifier at {url} does not answer Stats"));
         assert_eq!(
-            (s.active_sessions, s.kv_bytes, s.cached_sessions),
-            (0, 0, 0),
-            "the verifier at {url} still holds sessions or KV: {s:?}"
+            (s.active_sessions, s.reserved_bytes),
+            (0, 0),
+            "the verifier at {url} still holds sessions or their KV: {s:?}"
+        );
+        assert!(
+            s.kv_bytes <= s.kv_budget_bytes && s.kv_bytes == s.prefix_cache_bytes,
+            "the verifier at {url} holds KV outside its prefix cache: {s:?}"
         );
     }
 }

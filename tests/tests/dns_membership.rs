@@ -214,12 +214,13 @@ fn session_request(id: &str) -> v1::GenerateRequest {
     r
 }
 
-/// Cached (kept) sessions on the verifier at `url`.
-async fn cached(url: &str) -> u32 {
+/// Context tokens the verifier at `url` has looked up in its prefix cache:
+/// one prompt's worth per session it ran.
+async fn queried(url: &str) -> u64 {
     verifier_stats(url)
         .await
         .expect("verifier stats")
-        .cached_sessions
+        .prefix_cache_queries
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -273,6 +274,11 @@ async fn verifiers_join_and_leave_through_dns() {
         .unwrap()
         .into_inner();
     assert!(!reference.text.is_empty());
+    // Every session asks the same prompt: sessions run = tokens queried /
+    // this.
+    let per = queried(&a.url).await;
+    assert!(per > 0);
+    let cached = |url: String| async move { queried(&url).await / per };
     let spec = reference.speculation.unwrap();
     assert!(
         spec.drafted_tokens > 0,
@@ -288,7 +294,7 @@ async fn verifiers_join_and_leave_through_dns() {
             .into_inner();
         assert_eq!(r.text, reference.text);
     }
-    assert_eq!(cached(&a.url).await, 4);
+    assert_eq!(cached(a.url.clone()).await, 4);
 
     // A second verifier joins the records: new sessions reach it.
     let b = verifier(&format!("{VERIFIER_B}:{port}"), &dns, &drafters);
@@ -306,7 +312,7 @@ async fn verifiers_join_and_leave_through_dns() {
             .into_inner();
         assert_eq!(r.text, reference.text, "same answer on either verifier");
     }
-    let (on_a, on_b) = (cached(&a.url).await, cached(&b.url).await);
+    let (on_a, on_b) = (cached(a.url.clone()).await, cached(b.url.clone()).await);
     assert_eq!(on_a + on_b, 20);
     assert!(on_b > 0, "the new verifier took none of 16 new sessions");
     eprintln!("after the join: {on_a} sessions on the first verifier, {on_b} on the new one");
@@ -336,7 +342,10 @@ async fn verifiers_join_and_leave_through_dns() {
         1,
         "the stream still runs on the verifier that left"
     );
-    let (leaving_before, staying_before) = (cached(&leaving.url).await, cached(&staying.url).await);
+    let (leaving_before, staying_before) = (
+        cached(leaving.url.clone()).await,
+        cached(staying.url.clone()).await,
+    );
     for i in 20..32 {
         let r = client
             .generate(session_request(&format!("s-{i}")))
@@ -346,11 +355,11 @@ async fn verifiers_join_and_leave_through_dns() {
         assert_eq!(r.text, reference.text);
     }
     assert_eq!(
-        cached(&leaving.url).await,
+        cached(leaving.url.clone()).await,
         leaving_before,
         "no new session on the removed verifier"
     );
-    assert_eq!(cached(&staying.url).await, staying_before + 12);
+    assert_eq!(cached(staying.url.clone()).await, staying_before + 12);
 
     // The stream it ran finishes there, unchanged.
     let mut last = None;

@@ -180,7 +180,7 @@ async fn the_openai_client_gets_what_the_grpc_api_gives() {
     let until = Instant::now() + Duration::from_secs(5);
     loop {
         let s = verifier_stats(&verifier.url).await.unwrap();
-        if s.active_sessions == 0 && s.kv_bytes == 0 {
+        if s.active_sessions == 0 && s.reserved_bytes == 0 {
             break;
         }
         assert!(

@@ -205,7 +205,7 @@ async fn overload_is_shed_and_a_cancelled_client_frees_its_kv_cache() {
     let mut freed = None;
     for _ in 0..100 {
         let s = verifier_stats(&verifier).await;
-        if s.active_sessions == 0 && s.kv_bytes == 0 {
+        if s.active_sessions == 0 && s.reserved_bytes == 0 {
             freed = Some(s);
             break;
         }

@@ -1,15 +1,11 @@
 //! Multi-turn sessions under KV pressure through real processes: eight
 //! three-turn conversations interleaved on one verifier whose KV budget
-//! holds about two of them. Kept caches are evicted least recently used
-//! first to make room; a turn whose cache survived reuses it, the others
-//! prefill again; every turn says what a fresh verifier says for the same
-//! conversation without a session. The verifier's accounting is exact:
-//! when no session runs, `kv_bytes` is what the kept caches hold, and it
-//! returns to 0 when the sessions end.
-//!
-//! Each conversation's third turn is its last (`end_session`): it still
-//! reuses the session's cache, and the verifier frees the cache when the
-//! turn ends, so nothing is kept once every session has ended.
+//! holds about two of them. The prefix cache's blocks are evicted least
+//! recently used first to make room; a turn whose prefix survived reuses
+//! it, the others prefill again; every turn says what a verifier without
+//! a prefix cache says for the same conversation. The verifier's
+//! accounting is exact: when no session runs nothing is reserved, and
+//! `kv_bytes` is what the cached blocks hold, within the budget.
 
 use std::time::Duration;
 
@@ -111,11 +107,12 @@ async fn idle(cluster: &Cluster) -> v1::VerifierStats {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_interleaved_sessions_of_three_turns_fit_a_two_session_kv_budget() {
-    // Every conversation on a fresh verifier with the default budget, each
-    // turn without a session (nothing kept, nothing reused) and without
-    // speculation: plain decoding, what each session turn must equal.
+    // Every conversation on a verifier with the default budget and no
+    // prefix cache, each turn without a session (nothing reused) and
+    // without speculation: plain decoding, what each session turn must
+    // equal.
     let reference = {
-        let cluster = Cluster::start(1, 0, &[], &[]);
+        let cluster = Cluster::start(1, 0, &["--prefix-cache=false"], &[]);
         let mut client = cluster.client().await;
         let mut all = Vec::new();
         for s in 0..SESSIONS {
@@ -185,57 +182,50 @@ async fn eight_interleaved_sessions_of_three_turns_fit_a_two_session_kv_budget()
             assert_eq!(turn.prompt_tokens, reference[s][t].prompt_tokens);
             replies[s].push(turn.text);
             let stats = idle(&cluster).await;
-            assert_eq!(stats.active_sessions, 0, "{stats:?}");
+            assert_eq!(
+                (stats.active_sessions, stats.reserved_bytes),
+                (0, 0),
+                "{stats:?}"
+            );
             assert!(stats.kv_bytes <= budget, "over the budget: {stats:?}");
+            assert_eq!(stats.kv_bytes, stats.prefix_cache_bytes, "{stats:?}");
             if (t, s) == (0, 0) {
-                // The first cache kept holds exactly what its turn
-                // reserved: the per-token size and tree above are right.
+                // The first turn's committed KV, in whole blocks: the
+                // per-token size above is right.
+                let committed = reference[0][0].prompt_tokens + turn.tokens.len() as u64 - 1;
                 assert_eq!(
-                    (stats.cached_sessions, stats.kv_bytes),
-                    (1, reference[0][0].kv_tokens() * KV_BYTES_PER_TOKEN),
+                    (stats.prefix_cache_blocks, stats.kv_bytes),
+                    (committed / 16, committed / 16 * 16 * KV_BYTES_PER_TOKEN),
                     "{stats:?}"
                 );
             }
         }
         if t == TURNS - 2 {
-            // Before the last round no session runs: the KV held is
-            // exactly the kept caches, the last ones kept (least recently
-            // used go first), each of its turn's size.
             let stats = idle(&cluster).await;
             eprintln!("after {} turns: {stats:?}", SESSIONS * (t + 1));
-            assert!(stats.evicted_caches > 0, "no cache was evicted: {stats:?}");
-            let kept = stats.cached_sessions as usize;
-            assert!((1..SESSIONS).contains(&kept), "{stats:?}");
-            let expected: u64 = order[SESSIONS - kept..]
-                .iter()
-                .map(|&s| reference[s][t].kv_tokens() * KV_BYTES_PER_TOKEN)
-                .sum();
-            assert_eq!(
-                (stats.active_sessions, stats.kv_bytes),
-                (0, expected),
-                "KV held is not the {kept} most recently kept caches: {stats:?}"
-            );
+            assert!(stats.evicted_caches > 0, "no block was evicted: {stats:?}");
         }
     }
 
-    // Every session has had its last turn: turns reused their caches where
-    // they were kept, and nothing is left.
+    // Every session has had its last turn: turns reused their prefixes
+    // where they were cached, and nothing is reserved.
     let end = cluster
-        .settled_stats(Duration::from_secs(10), |_| 0)
+        .settled_stats(Duration::from_secs(10))
         .await
         .remove(0)
         .expect("verifier stats");
     eprintln!("after {} turns: {end:?}", SESSIONS * TURNS);
-    assert!(end.reused_tokens > 0, "no turn reused its cache: {end:?}");
+    assert!(end.reused_tokens > 0, "no turn reused its prefix: {end:?}");
     assert_eq!(
-        (end.active_sessions, end.cached_sessions, end.kv_bytes),
-        (0, 0, 0),
-        "KV left after every session ended: {end:?}"
+        (end.active_sessions, end.reserved_bytes),
+        (0, 0),
+        "KV reserved after every session ended: {end:?}"
     );
+    assert!(end.kv_bytes <= budget, "{end:?}");
 }
 
 /// A turn the gateway ends early (a stop string met: it cancels the
-/// verifier's stream) keeps its cache too, and the next turn reuses it.
+/// verifier's stream) publishes its KV too, and the next turn reuses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_ended_by_a_stop_string_keeps_its_cache_for_the_next() {
     let cluster = Cluster::start(1, 0, &[], &[]);
@@ -245,22 +235,15 @@ async fn a_turn_ended_by_a_stop_string_keeps_its_cache_for_the_next() {
     first.stop = vec![".".into()];
     let stopped = client.generate(first).await.unwrap().into_inner();
     assert_eq!(stopped.finish_reason, v1::FinishReason::Stop as i32);
-    // The verifier learns of the cancel at its next step, then keeps.
-    let start = std::time::Instant::now();
-    let kept = loop {
-        let s = cluster
-            .idle_stats()
-            .await
-            .remove(0)
-            .expect("verifier stats");
-        if s.cached_sessions > 0 || start.elapsed() > Duration::from_secs(10) {
-            break s;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert_eq!(
-        kept.cached_sessions, 1,
-        "the stopped turn's cache: {kept:?}"
+    // The verifier learns of the cancel at its next step, then publishes.
+    let kept = cluster
+        .settled_stats(Duration::from_secs(10))
+        .await
+        .remove(0)
+        .expect("verifier stats");
+    assert!(
+        kept.reserved_bytes == 0 && kept.prefix_cache_blocks > 0,
+        "the stopped turn's KV: {kept:?}"
     );
 
     let replies = [stopped.text.clone()];

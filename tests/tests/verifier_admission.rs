@@ -116,7 +116,7 @@ async fn concurrent_runs_over_the_limit_are_refused_and_slots_come_back() {
             .await
             .unwrap()
             .into_inner();
-        if stats.active_sessions == 0 && stats.kv_bytes == 0 {
+        if stats.active_sessions == 0 && stats.reserved_bytes == 0 {
             freed = true;
             break;
         }

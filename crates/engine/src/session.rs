@@ -159,6 +159,38 @@ impl Session {
         self.seq.len()
     }
 
+    /// The KV of committed context tokens `start..start + n`, for a
+    /// prefix cache ([`specmesh_model::Sequence::export`]'s layout).
+    pub fn export_kv(&self, start: usize, n: usize) -> Result<Vec<f32>, EngineError> {
+        Ok(self.seq.export(start, n)?)
+    }
+
+    /// Floats one token's exported KV takes.
+    pub fn kv_floats_per_token(&self) -> usize {
+        self.seq.floats_per_token()
+    }
+
+    /// Takes KV another sequence of the same model computed for this
+    /// session's next context tokens (a cached prefix) instead of
+    /// prefilling them; returns the tokens taken. The caller vouches that
+    /// `data` is the KV of exactly those tokens at those positions (a
+    /// prefix cache keys it by every token before and in it). Never past
+    /// the prefill: the last context token is the first tree's root.
+    pub fn import_kv(&mut self, data: &[f32]) -> Result<usize, EngineError> {
+        let per = self.seq.floats_per_token().max(1);
+        let n = data.len() / per;
+        if n > self.prefill_left() {
+            return Err(EngineError::Model(
+                specmesh_model::ModelError::InvalidCommit(format!(
+                    "importing {n} tokens of KV past the prefill ({} left)",
+                    self.prefill_left()
+                )),
+            ));
+        }
+        self.seq.import(data)?;
+        Ok(n)
+    }
+
     /// Prompt then output; the last token is the next tree's root.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens

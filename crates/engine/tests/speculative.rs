@@ -412,3 +412,73 @@ fn a_cached_prefix_is_reused_and_gives_the_same_output() {
 fn tree_for(s: &Session, template: &TokenTree) -> TokenTree {
     TokenTree::root_only(s.root(), template.limits()).unwrap()
 }
+
+/// Decodes `s` (prefilled) plainly to its end.
+fn decode_rest(m: &Model, s: &mut Session) -> Vec<u32> {
+    let vocab = m.config().vocab_size as u32;
+    let mut out = Vec::new();
+    while s.finish().is_none() {
+        let tree = TokenTree::root_only(s.root(), TreeLimits::new(1, 0, vocab)).unwrap();
+        out.extend(
+            step_batch(m, &mut [(&mut *s, &tree)], 0)
+                .unwrap()
+                .remove(0)
+                .committed,
+        );
+    }
+    out
+}
+
+#[test]
+fn a_prefix_imported_from_another_session_decodes_as_prefilled() {
+    // The prefix cache's premise: KV one session computed (prefill and
+    // decode, a turn of a conversation) and another imports gives the same
+    // tokens, greedy and seeded, as prefilling it.
+    let m = model();
+    for params in [
+        SamplingParams::greedy(),
+        SamplingParams::new(0.8, 0.95, 40, 77).unwrap(),
+    ] {
+        let first = chat(PROMPTS[1]);
+        let mut a = Session::new(
+            m,
+            first.clone(),
+            first.len(),
+            params.clone(),
+            limits(20),
+            None,
+        )
+        .unwrap();
+        a.prefill(m).unwrap();
+        decode_rest(m, &mut a);
+        // The next turn: the first turn, its answer and a follow-up.
+        let mut next = a.tokens().to_vec();
+        next.extend(chat(PROMPTS[3]));
+        let expected = plain(&next, &params, 16);
+        let cached = a.prefilled() / 16 * 16;
+        assert!(cached >= 32, "a prefix of whole blocks: {cached}");
+        for take in [16, cached] {
+            let mut b = Session::new(
+                m,
+                next.clone(),
+                next.len(),
+                params.clone(),
+                limits(16),
+                None,
+            )
+            .unwrap();
+            for start in (0..take).step_by(16) {
+                assert_eq!(b.import_kv(&a.export_kv(start, 16).unwrap()).unwrap(), 16);
+            }
+            assert_eq!(b.prefilled(), take);
+            let (reused, _) = b.prefill(m).unwrap();
+            assert_eq!(reused, take);
+            assert_eq!(decode_rest(m, &mut b), expected, "{take} tokens imported");
+        }
+        // Never past the prefill, never a partial token.
+        let mut c =
+            Session::new(m, first[..3].to_vec(), 3, params.clone(), limits(1), None).unwrap();
+        assert!(c.import_kv(&a.export_kv(0, 3).unwrap()).is_err());
+        assert!(c.import_kv(&[0.0; 5]).is_err());
+    }
+}

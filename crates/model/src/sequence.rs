@@ -123,6 +123,55 @@ impl Sequence {
         self.staged = None;
     }
 
+    /// Floats one token's K and V take over all layers: the size of what
+    /// [`Sequence::export`] returns per token.
+    pub fn floats_per_token(&self) -> usize {
+        2 * self.k.len() * self.kv_dim
+    }
+
+    /// The committed K and V of tokens `start..start + n`, every layer's K
+    /// then V (what [`Sequence::import`] takes), for a prefix cache.
+    pub fn export(&self, start: usize, n: usize) -> Result<Vec<f32>> {
+        if start + n > self.len {
+            return Err(ModelError::InvalidCommit(format!(
+                "cannot export tokens {start}..{}: {} are committed",
+                start + n,
+                self.len
+            )));
+        }
+        let d = self.kv_dim;
+        let mut out = Vec::with_capacity(n * self.floats_per_token());
+        for (k, v) in self.k.iter().zip(&self.v) {
+            out.extend_from_slice(&k[start * d..(start + n) * d]);
+            out.extend_from_slice(&v[start * d..(start + n) * d]);
+        }
+        Ok(out)
+    }
+
+    /// Appends exported KV (of the tokens right after the committed
+    /// prefix, from another sequence of the same model) as committed: the
+    /// logits that follow are bit-identical to computing it here.
+    pub fn import(&mut self, data: &[f32]) -> Result<()> {
+        let per = self.floats_per_token();
+        if per == 0 || !data.len().is_multiple_of(per) {
+            return Err(ModelError::InvalidCommit(format!(
+                "imported KV holds {} floats, not a whole number of tokens of {per}",
+                data.len()
+            )));
+        }
+        let n = data.len() / per;
+        self.reserve(n)?;
+        let (d, at) = (self.kv_dim, self.len * self.kv_dim);
+        let mut chunks = data.chunks_exact(n * d);
+        for (k, v) in self.k.iter_mut().zip(self.v.iter_mut()) {
+            let (ks, vs) = (chunks.next(), chunks.next());
+            k[at..at + n * d].copy_from_slice(ks.expect("whole tokens"));
+            v[at..at + n * d].copy_from_slice(vs.expect("whole tokens"));
+        }
+        self.len += n;
+        Ok(())
+    }
+
     /// Allocates room for `total` tokens at once (capped at the model's
     /// context), so a server that budgets KV memory per session holds
     /// exactly what it reserved and never reallocates mid-generation.

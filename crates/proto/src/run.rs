@@ -28,6 +28,11 @@ pub struct RunSpec {
     /// Keep the session's KV under `cache_key` at its end: false without
     /// a key and on a conversation's last turn (`release_cache`).
     pub keep_cache: bool,
+    /// The caller's tenant (empty: the anonymous one): the prefix cache's
+    /// scope.
+    pub tenant: String,
+    /// Narrows the prefix cache's scope within the tenant.
+    pub cache_salt: String,
 }
 
 /// Where a kept KV cache is found: the caller's key, within its tenant.
@@ -86,6 +91,7 @@ impl TryFrom<v1::RunRequest> for RunSpec {
         check_id("session_id", &r.session_id)?;
         check_id("cache_key", &r.cache_key)?;
         check_id("tenant", &r.tenant)?;
+        check_id("cache_salt", &r.cache_salt)?;
         let sampling = SamplingParams::try_from(r.sampling.unwrap_or_default())?;
         let draft = match r.draft {
             Some(d) if !d.endpoint.is_empty() => {
@@ -136,9 +142,11 @@ impl TryFrom<v1::RunRequest> for RunSpec {
             draft,
             keep_cache: !r.cache_key.is_empty() && !r.release_cache,
             cache_key: (!r.cache_key.is_empty()).then_some(CacheKey {
-                tenant: r.tenant,
+                tenant: r.tenant.clone(),
                 key: r.cache_key,
             }),
+            tenant: r.tenant,
+            cache_salt: r.cache_salt,
         })
     }
 }
@@ -225,6 +233,10 @@ mod tests {
         assert_eq!(
             bad(|r| r.cache_key = "k".repeat(129)),
             "`cache_key` must be at most 128 bytes, got 129"
+        );
+        assert_eq!(
+            bad(|r| r.cache_salt = "s".repeat(129)),
+            "`cache_salt` must be at most 128 bytes, got 129"
         );
         assert_eq!(
             bad(|r| r.tenant = "t".repeat(129)),

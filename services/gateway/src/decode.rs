@@ -430,11 +430,12 @@ fn run_request(
             fallback_endpoints: placement.fallback_drafters.clone(),
             prediction: request.prediction.clone(),
         }),
-        // Multi-turn sessions keep their KV on the verifier for the next
-        // turn, found only by the same tenant.
+        // Reuse is by prefix within the tenant (and salt); the session's
+        // key matters to verifiers whose prefix cache is off.
         cache_key: request.session_id.clone().unwrap_or_default(),
         tenant: request.tenant.clone(),
         release_cache: request.end_session,
+        cache_salt: request.cache_salt.clone(),
     }
 }
 

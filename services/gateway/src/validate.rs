@@ -58,6 +58,9 @@ pub struct ValidGenerateRequest {
     /// The caller's predicted output, tokenized (no special tokens parsed,
     /// no BOS); at most the model's context; empty: none.
     pub prediction: Vec<u32>,
+    /// Narrows KV reuse within the tenant ("" = the tenant's shared
+    /// cache).
+    pub cache_salt: String,
 }
 
 impl ValidGenerateRequest {
@@ -249,6 +252,7 @@ impl Validator {
             return Err(ValidationError::EndWithoutSession);
         }
         let tenant = caller.tenant(&identifier("tenant", request.tenant)?.unwrap_or_default())?;
+        let cache_salt = identifier("cache_salt", request.cache_salt)?.unwrap_or_default();
         let requested = self.requested_new_tokens(request.max_new_tokens)?;
 
         let tokenizer = self.tokenizer.clone();
@@ -282,6 +286,7 @@ impl Validator {
             end_session: request.end_session,
             tenant,
             prediction,
+            cache_salt,
         })
     }
 

@@ -24,6 +24,7 @@ use tokio::sync::oneshot;
 use crate::batch_metrics::Phase;
 use crate::error::VerifierError;
 use crate::goodput::{Goodput, Granted, SessionPlanning};
+use crate::memory::{KvMemory, PrefixKey};
 
 /// A gap between forwards longer than this is idle time, not a step's.
 const MAX_STEP_GAP: Duration = Duration::from_secs(1);
@@ -73,6 +74,9 @@ fn batch_wait(window: Duration, forward_secs: f64) -> Duration {
 
 pub struct PrefillDone {
     pub session: Box<Session>,
+    /// The session's prefix key, back for publishing its end.
+    pub prefix: Option<PrefixKey>,
+    /// Context tokens taken from the prefix cache, and seconds.
     pub result: Result<(usize, f64), VerifierError>,
 }
 
@@ -102,6 +106,7 @@ pub struct StepDone {
 enum Job {
     Prefill {
         session: Box<Session>,
+        prefix: Option<PrefixKey>,
         span: tracing::Span,
         reply: oneshot::Sender<PrefillDone>,
     },
@@ -123,7 +128,12 @@ pub struct Batcher {
 }
 
 impl Batcher {
-    pub fn start(model: Arc<Model>, config: BatcherConfig, goodput: Goodput) -> Batcher {
+    pub fn start(
+        model: Arc<Model>,
+        config: BatcherConfig,
+        goodput: Goodput,
+        memory: KvMemory,
+    ) -> Batcher {
         let (tx, rx) = mpsc::channel();
         let counters = Arc::new(Counters {
             window: config.window,
@@ -132,7 +142,7 @@ impl Batcher {
         let c = Arc::clone(&counters);
         std::thread::Builder::new()
             .name("specmesh-batcher".into())
-            .spawn(move || run(&model, config, goodput, &rx, &c))
+            .spawn(move || run(&model, config, goodput, &memory, &rx, &c))
             .expect("spawning the batching thread");
         Batcher { tx, counters }
     }
@@ -141,12 +151,19 @@ impl Batcher {
         &self.counters
     }
 
-    pub async fn prefill(&self, session: Box<Session>) -> Result<PrefillDone, VerifierError> {
+    /// Prefills `session`, from the prefix cache as far as `prefix` finds
+    /// it, publishing its blocks as they complete.
+    pub async fn prefill(
+        &self,
+        session: Box<Session>,
+        prefix: Option<PrefixKey>,
+    ) -> Result<PrefillDone, VerifierError> {
         let (reply, rx) = oneshot::channel();
         let span = tracing::Span::current();
         self.tx
             .send(Job::Prefill {
                 session,
+                prefix,
                 span,
                 reply,
             })
@@ -192,11 +209,80 @@ struct StepJob {
 /// A prefill in progress: computed a chunk at a time, between batches.
 struct PrefillJob {
     session: Box<Session>,
+    prefix: Option<PrefixKey>,
     span: tracing::Span,
     reply: oneshot::Sender<PrefillDone>,
-    /// Tokens kept from a cache: the KV it started with.
+    /// Context tokens taken from the prefix cache so far.
     reused: usize,
     started: Instant,
+}
+
+impl PrefillJob {
+    /// Takes what the prefix cache holds past this prefill's progress
+    /// (what other prefills published since it last looked).
+    fn catch_up(&mut self, memory: &KvMemory) {
+        if let Some(key) = self.prefix.as_mut() {
+            let t0 = Instant::now();
+            let taken = memory.import(key, &mut self.session);
+            if taken > 0 {
+                self.reused += taken;
+                tracing::debug!(
+                    parent: &self.span,
+                    tokens = taken,
+                    ms = t0.elapsed().as_secs_f64() * 1e3,
+                    "prefix cache hit"
+                );
+            }
+        }
+    }
+
+    /// Publishes the blocks completed by the last chunk.
+    fn publish(&mut self, memory: &KvMemory) {
+        publish(&mut self.prefix, &self.session, memory);
+    }
+
+    /// Which prefill runs next: the fewest tokens left, weighed by how
+    /// long each has waited (tokens left / (1 + seconds waited)), so a
+    /// follow-up's few new tokens are not held behind another session's
+    /// long prompt, and a long prompt is not starved by a stream of short
+    /// ones.
+    fn priority(&self, now: Instant) -> f64 {
+        let waited = now.saturating_duration_since(self.started).as_secs_f64();
+        self.session.prefill_left() as f64 / (1.0 + waited)
+    }
+}
+
+fn publish(prefix: &mut Option<PrefixKey>, session: &Session, memory: &KvMemory) {
+    if let Some(key) = prefix.as_mut() {
+        memory.publish_prefill(key, session);
+    }
+}
+
+/// Puts the prefill to run next at the front, after dropping those whose
+/// caller left and answering those the prefix cache completed.
+fn next_prefill(prefills: &mut VecDeque<PrefillJob>, memory: &KvMemory) {
+    loop {
+        // A prefill whose caller left is not computed any further.
+        prefills.retain(|p| !p.reply.is_closed());
+        let now = Instant::now();
+        let Some(best) = (0..prefills.len()).min_by(|&a, &b| {
+            prefills[a]
+                .priority(now)
+                .total_cmp(&prefills[b].priority(now))
+        }) else {
+            return;
+        };
+        if best != 0 {
+            let job = prefills.remove(best).expect("a queued prefill");
+            prefills.push_front(job);
+        }
+        let front = prefills.front_mut().expect("the chosen prefill");
+        front.catch_up(memory);
+        if front.session.prefill_left() > 0 {
+            return;
+        }
+        finish_prefill(prefills, Ok(()), memory);
+    }
 }
 
 /// When the last forward ended, while nothing but steps ran since: the
@@ -207,6 +293,7 @@ fn run(
     model: &Model,
     config: BatcherConfig,
     mut goodput: Goodput,
+    memory: &KvMemory,
     rx: &mpsc::Receiver<Job>,
     counters: &Counters,
 ) {
@@ -218,11 +305,13 @@ fn run(
     let take = |job: Job, steps: &mut Vec<StepJob>, prefills: &mut VecDeque<PrefillJob>| match job {
         Job::Prefill {
             session,
+            prefix,
             span,
             reply,
         } => prefills.push_back(PrefillJob {
             reused: session.prefilled(),
             session,
+            prefix,
             span,
             reply,
             started: Instant::now(),
@@ -285,10 +374,7 @@ fn run(
                 Err(_) => break,
             }
         }
-        // A prefill whose caller left is not computed any further.
-        while prefills.front().is_some_and(|p| p.reply.is_closed()) {
-            prefills.pop_front();
-        }
+        next_prefill(&mut prefills, memory);
         let chunk = if config.prefill_chunk == 0 {
             usize::MAX
         } else {
@@ -296,7 +382,7 @@ fn run(
         };
         if steps.is_empty() {
             // No step to ride with: one chunk of the oldest prefill alone.
-            prefill_alone(model, &mut prefills, chunk, counters);
+            prefill_alone(model, &mut prefills, chunk, counters, memory);
             // A chunk ran between two forwards: that gap is not a step's.
             last_forward = None;
             continue;
@@ -331,13 +417,13 @@ fn run(
             // The fused forward failed and its steps ran without the
             // chunk: the chunk alone now answers its prefill (an error
             // fails that prefill, not the others' steps).
-            prefill_alone(model, &mut prefills, chunk, counters);
+            prefill_alone(model, &mut prefills, chunk, counters, memory);
             last_forward = None;
-        } else if prefills
-            .front()
-            .is_some_and(|p| p.session.prefill_left() == 0)
-        {
-            finish_prefill(&mut prefills, Ok(()));
+        } else if let Some(p) = prefills.front_mut() {
+            p.publish(memory);
+            if p.session.prefill_left() == 0 {
+                finish_prefill(&mut prefills, Ok(()), memory);
+            }
         }
     }
 }
@@ -348,6 +434,7 @@ fn prefill_alone(
     prefills: &mut VecDeque<PrefillJob>,
     chunk: usize,
     counters: &Counters,
+    memory: &KvMemory,
 ) {
     let chunked = prefills.front_mut().map(|job| {
         let _e = job.span.enter();
@@ -356,12 +443,13 @@ fn prefill_alone(
         let chunked = job.session.prefill_chunk(model, chunk);
         let done = job.session.prefilled().saturating_sub(before);
         counters.metrics.prefill_tokens.inc_by(done as u64);
+        publish(&mut job.prefix, &job.session, memory);
         chunked
     });
     match chunked {
         None | Some(Ok(false)) => {}
-        Some(Ok(true)) => finish_prefill(prefills, Ok(())),
-        Some(Err(e)) => finish_prefill(prefills, Err(VerifierError::Model(e.to_string()))),
+        Some(Ok(true)) => finish_prefill(prefills, Ok(()), memory),
+        Some(Err(e)) => finish_prefill(prefills, Err(VerifierError::Model(e.to_string())), memory),
     }
 }
 
@@ -373,12 +461,20 @@ struct Fused<'a> {
     failed: &'a mut bool,
 }
 
-/// Answers the oldest prefill, done or failed.
-fn finish_prefill(prefills: &mut VecDeque<PrefillJob>, result: Result<(), VerifierError>) {
+/// Answers the front prefill, done or failed.
+fn finish_prefill(
+    prefills: &mut VecDeque<PrefillJob>,
+    result: Result<(), VerifierError>,
+    memory: &KvMemory,
+) {
     let job = prefills.pop_front().expect("the front job");
+    if result.is_ok() {
+        memory.record_query(job.session.tokens().len() - 1, job.reused);
+    }
     let result = result.map(|()| (job.reused, job.started.elapsed().as_secs_f64()));
     let _ = job.reply.send(PrefillDone {
         session: job.session,
+        prefix: job.prefix,
         result,
     });
 }

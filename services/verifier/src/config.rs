@@ -47,9 +47,17 @@ pub struct Args {
     /// pin it to compare machines or to rule a kernel out.
     #[arg(long)]
     pub isa: Option<specmesh_model::Isa>,
-    /// Memory for KV caches, running and kept sessions together (MiB).
+    /// Memory for KV caches (MiB): running sessions' reservations and the
+    /// prefix cache together; the prefix cache's least recently used
+    /// blocks make room.
     #[arg(long, default_value_t = 2048)]
     pub kv_budget_mib: u64,
+    /// Reuse cached KV by prefix within a tenant (and `cache_salt`): a
+    /// call whose context starts with blocks of 16 tokens some earlier or
+    /// running call of its tenant computed copies their KV instead of
+    /// prefilling them (`false`: only a `session_id`'s own earlier turns).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub prefix_cache: bool,
     /// Sessions verified in one batched forward, at most.
     #[arg(long, default_value_t = 16)]
     pub max_batch: usize,
@@ -107,9 +115,10 @@ pub struct Args {
     /// the planner's cap on granted nodes.
     #[arg(long, default_value_t = 512)]
     pub max_forward_tokens: usize,
-    /// Sessions whose KV is kept for a next turn, at most.
-    #[arg(long, default_value_t = 256)]
-    pub max_cached_sessions: usize,
+    /// Deprecated and ignored: KV is kept by prefix, in blocks, bounded by
+    /// `--kv-budget-mib`.
+    #[arg(long, hide = true)]
+    pub max_cached_sessions: Option<usize>,
     /// Sessions running at once, at most (over it: RESOURCE_EXHAUSTED).
     #[arg(long, default_value_t = 256)]
     pub max_sessions: usize,
@@ -144,7 +153,7 @@ pub struct Config {
     pub recycle_top_k: usize,
     pub goodput_planner: bool,
     pub max_forward_tokens: usize,
-    pub max_cached_sessions: usize,
+    pub prefix_cache: bool,
     pub max_sessions: usize,
     pub shutdown_grace: Duration,
 }
@@ -165,6 +174,12 @@ impl TryFrom<Args> for Config {
 
     fn try_from(a: Args) -> Result<Config, ConfigError> {
         in_range("kv-budget-mib", a.kv_budget_mib as usize, 1, usize::MAX)?;
+        if a.max_cached_sessions.is_some() {
+            tracing::warn!(
+                "--max-cached-sessions is deprecated and ignored: KV is kept by prefix, in blocks, \
+                 bounded by --kv-budget-mib (docs/operations.md)"
+            );
+        }
         in_range("max-batch", a.max_batch, 1, usize::MAX)?;
         in_range("max-draft-tokens", a.max_draft_tokens, 0, 1024)?;
         in_range(
@@ -212,7 +227,7 @@ impl TryFrom<Args> for Config {
             recycle_top_k: a.recycle_top_k,
             goodput_planner: a.goodput_planner,
             max_forward_tokens: a.max_forward_tokens,
-            max_cached_sessions: a.max_cached_sessions,
+            prefix_cache: a.prefix_cache,
             max_sessions: a.max_sessions,
             shutdown_grace: Duration::from_secs(a.server.shutdown_grace_secs),
         })

@@ -1,184 +1,201 @@
-//! KV memory: a byte budget shared by running sessions (reserved up front
-//! for their whole length) and kept sessions (their actual caches), with
-//! kept sessions evicted least recently used first when room is needed.
-//! Kept sessions are found by tenant and key ([`CacheKey`]), so one tenant
-//! never takes another's cache.
+//! KV memory: one byte budget shared by running sessions (reserved up front
+//! for their whole length) and the prefix cache (blocks of committed KV,
+//! found by their tokens within a tenant: [`specmesh_kvcache`]).
+//!
+//! A session looks its context up when its prefill starts, and again before
+//! each chunk (another session may have published the blocks meanwhile);
+//! its prefill publishes each block as it completes, and its end publishes
+//! what it decoded. Only committed KV is published: a session's staged
+//! tree nodes sit above its committed length and are never exported.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use specmesh_model::Sequence;
-use specmesh_proto::CacheKey;
+use specmesh_engine::Session;
+use specmesh_kvcache::{BLOCK_TOKENS, BlockHash, Scope, Store, StoreUsage, block_hashes};
 
-#[derive(Debug)]
-struct State {
-    budget: u64,
-    reserved: u64,
-    cached: HashMap<CacheKey, Kept>,
-    max_cached: usize,
-    /// Kept caches evicted since start.
-    evicted: u64,
-    /// Context tokens taken from kept caches since start.
-    reused: u64,
-}
+pub use specmesh_kvcache::Exhausted;
 
-#[derive(Debug)]
-struct Kept {
-    seq: Sequence,
-    tokens: Vec<u32>,
-    bytes: u64,
-    used: Instant,
-}
+use crate::validate::ValidRun;
 
 /// The verifier's KV memory; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct KvMemory {
-    state: Arc<Mutex<State>>,
+    store: Arc<Mutex<Store>>,
+    /// `--prefix-cache`: share prefixes within a tenant (and salt);
+    /// without it only a session's own earlier turns (its `cache_key`).
+    prefix_cache: bool,
 }
 
 /// Bytes held for a running session; released on drop.
 #[derive(Debug)]
 pub struct Reservation {
-    state: Arc<Mutex<State>>,
+    store: Arc<Mutex<Store>>,
     bytes: u64,
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        let mut s = lock(&self.state);
-        s.reserved -= self.bytes;
+        lock(&self.store).release(self.bytes);
     }
 }
 
-/// Not enough KV memory even after evicting every kept session.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "the KV cache budget is exhausted: the session needs {need_mib:.1} MiB, {free_mib:.1} MiB of {budget_mib:.1} MiB are free; retry later or shorten the request"
-)]
-pub struct Exhausted {
-    pub need_mib: f64,
-    pub free_mib: f64,
-    pub budget_mib: f64,
+/// Where a session's prefix is found and published: its scope and the
+/// hashes of its context's full blocks (all but the last token, the first
+/// tree's root).
+#[derive(Debug, Clone)]
+pub struct PrefixKey {
+    scope: Scope,
+    hashes: Vec<BlockHash>,
+    /// Blocks of the session published (or found) so far.
+    published: usize,
 }
 
-/// What `Stats` reports.
-#[derive(Debug, Clone, Copy)]
-pub struct Usage {
-    pub reserved: u64,
-    pub cached: u64,
-    pub cached_sessions: usize,
-    pub budget: u64,
-    pub evicted: u64,
-    pub reused_tokens: u64,
-    /// Context tokens in kept caches.
-    pub kept_tokens: u64,
-}
-
-fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+fn lock(m: &Mutex<Store>) -> MutexGuard<'_, Store> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-const MIB: f64 = 1024.0 * 1024.0;
-
 impl KvMemory {
-    pub fn new(budget: u64, max_cached: usize) -> KvMemory {
+    pub fn new(budget: u64, bytes_per_token: u64, prefix_cache: bool) -> KvMemory {
         KvMemory {
-            state: Arc::new(Mutex::new(State {
+            store: Arc::new(Mutex::new(Store::new(
                 budget,
-                reserved: 0,
-                cached: HashMap::new(),
-                max_cached,
-                evicted: 0,
-                reused: 0,
-            })),
+                BLOCK_TOKENS,
+                bytes_per_token * BLOCK_TOKENS as u64,
+            ))),
+            prefix_cache,
         }
     }
 
-    /// Reserves `bytes`, evicting kept sessions (oldest first) if needed.
+    /// Whether prefixes are shared within a tenant (`--prefix-cache`).
+    pub fn prefix_cache(&self) -> bool {
+        self.prefix_cache
+    }
+
+    /// Reserves `bytes`, evicting cached blocks (least recently used
+    /// leaves first) if needed.
     pub fn reserve(&self, bytes: u64) -> Result<Reservation, Exhausted> {
-        let mut s = lock(&self.state);
-        while s.reserved + cached_bytes(&s) + bytes > s.budget {
-            if !evict_oldest(&mut s) {
-                let free = s.budget.saturating_sub(s.reserved);
-                return Err(Exhausted {
-                    need_mib: bytes as f64 / MIB,
-                    free_mib: free as f64 / MIB,
-                    budget_mib: s.budget as f64 / MIB,
-                });
-            }
-        }
-        s.reserved += bytes;
+        lock(&self.store).reserve(bytes)?;
         Ok(Reservation {
-            state: Arc::clone(&self.state),
+            store: Arc::clone(&self.store),
             bytes,
         })
     }
 
-    /// Takes the kept cache of `key`, if any.
-    pub fn take(&self, key: &CacheKey) -> Option<(Sequence, Vec<u32>)> {
-        let mut s = lock(&self.state);
-        s.cached.remove(key).map(|k| (k.seq, k.tokens))
+    /// The prefix key of `run`, or `None` when nothing of it may be cached
+    /// (the prefix cache off and no `cache_key`). Touches its cached
+    /// prefix, so that the room its admission makes does not evict it.
+    pub fn key(&self, run: &ValidRun) -> Option<PrefixKey> {
+        let key = run.cache_key.as_ref().map(|k| k.key.as_str());
+        self.key_of(&run.tenant, &run.cache_salt, key, &run.tokens)
     }
 
-    /// Keeps a finished session's cache under `key` (if it fits).
-    pub fn keep(&self, key: CacheKey, seq: Sequence, tokens: Vec<u32>) {
-        let bytes = seq.kv_bytes() as u64;
-        let mut s = lock(&self.state);
-        s.cached.remove(&key);
-        while s.cached.len() >= s.max_cached || s.reserved + cached_bytes(&s) + bytes > s.budget {
-            if !evict_oldest(&mut s) {
+    /// [`KvMemory::key`] of a context of `tokens` by `tenant`, with its
+    /// `salt` and session key.
+    pub fn key_of(
+        &self,
+        tenant: &str,
+        salt: &str,
+        session_key: Option<&str>,
+        tokens: &[u32],
+    ) -> Option<PrefixKey> {
+        let scope = if self.prefix_cache {
+            Scope::new(tenant, salt, None)
+        } else {
+            Scope::new(tenant, salt, Some(session_key?))
+        };
+        let context = &tokens[..tokens.len().saturating_sub(1)];
+        let hashes = block_hashes(scope, context, BLOCK_TOKENS);
+        drop(lock(&self.store).lookup(scope, &hashes, context, 0));
+        Some(PrefixKey {
+            scope,
+            hashes,
+            published: 0,
+        })
+    }
+
+    /// Copies the cached KV continuing `session`'s prefill into it; returns
+    /// the tokens taken. Only from a block boundary.
+    pub fn import(&self, key: &mut PrefixKey, session: &mut Session) -> usize {
+        let done = session.prefilled();
+        if !done.is_multiple_of(BLOCK_TOKENS) {
+            return 0;
+        }
+        let from = done / BLOCK_TOKENS;
+        let blocks = lock(&self.store).lookup(key.scope, &key.hashes, session.tokens(), from);
+        let mut taken = 0;
+        for block in &blocks {
+            match session.import_kv(block.data()) {
+                Ok(n) => taken += n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a cached prefix block does not fit: prefilling it");
+                    break;
+                }
+            }
+        }
+        key.published = key.published.max(session.prefilled() / BLOCK_TOKENS);
+        taken
+    }
+
+    /// Publishes the complete blocks `session` prefilled since the last
+    /// call (while its prefill runs).
+    pub fn publish_prefill(&self, key: &mut PrefixKey, session: &Session) {
+        let upto = (session.prefilled() / BLOCK_TOKENS).min(key.hashes.len());
+        let from = key.published;
+        if upto > from {
+            self.publish(key.scope, &key.hashes, session, from, upto);
+            key.published = upto;
+        }
+    }
+
+    /// Publishes every complete block of `session`'s committed context
+    /// (its end: the prompt and what it decoded), touching those cached.
+    pub fn publish_all(&self, key: &PrefixKey, session: &Session) {
+        let committed = &session.tokens()[..session.prefilled()];
+        let hashes = block_hashes(key.scope, committed, BLOCK_TOKENS);
+        self.publish(key.scope, &hashes, session, 0, hashes.len());
+    }
+
+    fn publish(
+        &self,
+        scope: Scope,
+        hashes: &[BlockHash],
+        session: &Session,
+        from: usize,
+        upto: usize,
+    ) {
+        let tokens = session.tokens();
+        let mut store = lock(&self.store);
+        for i in from..upto {
+            // Exported under the lock: a block is a few hundred KB to a
+            // MB, a copy of well under a millisecond.
+            let data = if store.has(scope, hashes, tokens, i) {
+                Vec::new()
+            } else {
+                match session.export_kv(i * BLOCK_TOKENS, BLOCK_TOKENS) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "exporting a block: not cached");
+                        return;
+                    }
+                }
+            };
+            if !store.insert(scope, hashes, tokens, i, data) {
+                // No room (everything else is reserved) or its parent is
+                // gone: the rest of the chain cannot be cached either.
                 return;
             }
         }
-        s.cached.insert(
-            key,
-            Kept {
-                seq,
-                tokens,
-                bytes,
-                used: Instant::now(),
-            },
-        );
     }
 
-    pub fn usage(&self) -> Usage {
-        let s = lock(&self.state);
-        Usage {
-            reserved: s.reserved,
-            cached: cached_bytes(&s),
-            cached_sessions: s.cached.len(),
-            budget: s.budget,
-            evicted: s.evicted,
-            reused_tokens: s.reused,
-            kept_tokens: s.cached.values().map(|k| k.tokens.len() as u64).sum(),
-        }
+    /// Counts a prefill of `queried` context tokens of which `hit` came
+    /// from the cache.
+    pub fn record_query(&self, queried: usize, hit: usize) {
+        lock(&self.store).record_query(queried, hit);
     }
 
-    /// Counts `tokens` context tokens whose KV a session took from a kept
-    /// cache.
-    pub fn record_reuse(&self, tokens: usize) {
-        lock(&self.state).reused += tokens as u64;
+    pub fn usage(&self) -> StoreUsage {
+        lock(&self.store).usage()
     }
-}
-
-fn cached_bytes(s: &State) -> u64 {
-    s.cached.values().map(|k| k.bytes).sum()
-}
-
-fn evict_oldest(s: &mut State) -> bool {
-    let Some(key) = s
-        .cached
-        .iter()
-        .min_by_key(|(_, k)| k.used)
-        .map(|(key, _)| key.clone())
-    else {
-        return false;
-    };
-    tracing::info!(cache_key = %key, "evicting a kept KV cache");
-    s.cached.remove(&key);
-    s.evicted += 1;
-    true
 }
 
 #[cfg(test)]
@@ -187,7 +204,7 @@ mod tests {
 
     #[test]
     fn reservations_are_bounded_and_released() {
-        let m = KvMemory::new(100, 4);
+        let m = KvMemory::new(100, 1, true);
         let a = m.reserve(60).unwrap();
         let err = m.reserve(50).unwrap_err();
         assert!(err.to_string().contains("budget is exhausted"), "{err}");

@@ -24,6 +24,7 @@ pub struct StateMetrics {
     kept_tokens: IntGauge,
     evicted: IntCounter,
     reused: IntCounter,
+    queries: IntCounter,
     steps: IntCounter,
 }
 
@@ -35,7 +36,7 @@ impl StateMetrics {
             state,
             kv_bytes: gauge(
                 "specmesh_kv_cache_bytes",
-                "Bytes of KV cache held: running sessions' reservations and kept caches.",
+                "Bytes of KV cache held: running sessions' reservations and the prefix cache's blocks.",
             ),
             kv_capacity: gauge(
                 "specmesh_kv_cache_capacity_bytes",
@@ -51,26 +52,30 @@ impl StateMetrics {
                 "Sessions running on this verifier.",
             ),
             kept: gauge(
-                "specmesh_kept_sessions",
-                "Sessions whose KV cache is kept for a next turn.",
+                "specmesh_prefix_cache_blocks",
+                "Blocks of KV in the prefix cache.",
             ),
             kept_tokens: gauge(
-                "specmesh_kept_tokens",
-                "Context tokens held in kept caches.",
+                "specmesh_prefix_cache_tokens",
+                "Context tokens held in the prefix cache.",
             ),
             evicted: counter(
-                "specmesh_evicted_sessions_total",
-                "Kept caches evicted (least recently used first) to make room.",
+                "specmesh_prefix_cache_evicted_blocks_total",
+                "Prefix cache blocks evicted (least recently used leaves first) to make room.",
             ),
             reused: counter(
-                "specmesh_reused_tokens_total",
-                "Context tokens taken from kept caches instead of prefilled.",
+                "specmesh_prefix_cache_hits_total",
+                "Context tokens whose KV came from the prefix cache instead of a prefill.",
+            ),
+            queries: counter(
+                "specmesh_prefix_cache_queries_total",
+                "Context tokens looked up in the prefix cache (hits / queries = the hit ratio).",
             ),
             steps: counter("specmesh_verify_steps_total", "Session verify steps run."),
         }
     }
 
-    fn metrics(&self) -> [&dyn Collector; 9] {
+    fn metrics(&self) -> [&dyn Collector; 10] {
         [
             &self.kv_bytes,
             &self.kv_capacity,
@@ -80,6 +85,7 @@ impl StateMetrics {
             &self.kept_tokens,
             &self.evicted,
             &self.reused,
+            &self.queries,
             &self.steps,
         ]
     }
@@ -104,10 +110,12 @@ impl Collector for StateMetrics {
             held as f64 / usage.budget as f64
         });
         self.running.set(self.state.running() as i64);
-        self.kept.set(usage.cached_sessions as i64);
-        self.kept_tokens.set(usage.kept_tokens as i64);
-        catch_up(&self.evicted, usage.evicted);
-        catch_up(&self.reused, usage.reused_tokens);
+        self.kept.set(usage.blocks as i64);
+        self.kept_tokens
+            .set((usage.blocks * usage.block_tokens) as i64);
+        catch_up(&self.evicted, usage.evicted_blocks);
+        catch_up(&self.reused, usage.hit_tokens);
+        catch_up(&self.queries, usage.queried_tokens);
         catch_up(
             &self.steps,
             self.state.batcher.counters().steps.load(Ordering::Relaxed),

@@ -112,6 +112,11 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
             "goodput planner on: each batched forward verifies the drafted nodes that pay"
         );
     }
+    let memory = KvMemory::new(
+        config.kv_budget_bytes,
+        model.kv_bytes_per_token() as u64,
+        config.prefix_cache,
+    );
     let batcher = Batcher::start(
         Arc::clone(&model),
         BatcherConfig {
@@ -124,6 +129,7 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
             config.max_forward_tokens,
             step_model,
         ),
+        memory.clone(),
     );
     let max_context = model.config().max_context;
     let drafters = Arc::new(Drafters::new(config.drafters.clone()));
@@ -140,7 +146,7 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
             vocab_fingerprint,
             step_seconds,
         },
-        memory: KvMemory::new(config.kv_budget_bytes, config.max_cached_sessions),
+        memory: memory.clone(),
         channels: DrafterChannels::new(security.clone(), config.drafter_tls_name.clone()),
         drafters: Arc::clone(&drafters),
         eos,

@@ -56,27 +56,18 @@ impl v1::verifier_server::Verifier for VerifierService {
         let admitted = span.in_scope(|| {
             let slot = v.admit()?;
             let bytes = (v.kv_tokens(&run) * v.model.kv_bytes_per_token()) as u64;
-            // The session's own kept cache becomes part of its reservation:
-            // taken first, so it is neither counted twice nor evicted to
-            // make room for its own next turn.
-            let cached = run.cache_key.as_ref().and_then(|k| v.memory.take(k));
-            let reservation = match v.memory.reserve(bytes) {
-                Ok(r) => r,
-                Err(e) => {
-                    if let (Some(key), Some((seq, tokens))) = (run.cache_key.clone(), cached) {
-                        v.memory.keep(key, seq, tokens);
-                    }
-                    return Err(e.into());
-                }
-            };
-            Ok::<_, VerifierError>((run, slot, reservation, cached))
+            // The key first: looking the prefix up touches it, so the room
+            // this reservation makes evicts other blocks before its own.
+            let prefix = v.memory.key(&run);
+            let reservation = v.memory.reserve(bytes)?;
+            Ok::<_, VerifierError>((run, slot, reservation, prefix))
         });
-        let (run, slot, reservation, cached) = admitted.inspect_err(|e| {
+        let (run, slot, reservation, prefix) = admitted.inspect_err(|e| {
             span.in_scope(|| tracing::info!(error = %e, "run refused"));
         })?;
         let (tx, rx) = mpsc::channel(OUTBOUND_EVENTS);
         tokio::spawn(Instrument::instrument(
-            drive(Arc::clone(v), run, cached, tx, reservation, slot),
+            drive(Arc::clone(v), run, prefix, tx, reservation, slot),
             span,
         ));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -91,15 +82,20 @@ impl v1::verifier_server::Verifier for VerifierService {
         let counters = v.batcher.counters();
         Ok(Response::new(v1::VerifierStats {
             active_sessions: v.running() as u32,
-            cached_sessions: usage.cached_sessions as u32,
+            cached_sessions: 0,
             kv_bytes: usage.reserved + usage.cached,
             kv_budget_bytes: usage.budget,
             cost_curve: v.cost_curve_wire(),
             steps: counters.steps.load(Ordering::Relaxed),
             batches: counters.batches.load(Ordering::Relaxed),
-            evicted_caches: usage.evicted,
-            reused_tokens: usage.reused_tokens,
-            kept_tokens: usage.kept_tokens,
+            evicted_caches: usage.evicted_blocks,
+            reused_tokens: usage.hit_tokens,
+            kept_tokens: (usage.blocks * usage.block_tokens) as u64,
+            reserved_bytes: usage.reserved,
+            prefix_cache_bytes: usage.cached,
+            prefix_cache_blocks: usage.blocks as u64,
+            prefix_cache_queries: usage.queried_tokens,
+            block_tokens: usage.block_tokens as u32,
         }))
     }
 }

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use specmesh_engine::{Session, SessionLimits};
-use specmesh_model::Sequence;
 use specmesh_proto::v1;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tonic::Status;
@@ -16,7 +15,7 @@ use crate::batch_metrics::Phase;
 use crate::draft_link::DraftLink;
 use crate::error::VerifierError;
 use crate::goodput::SessionPlanning;
-use crate::memory::Reservation;
+use crate::memory::{PrefixKey, Reservation};
 use crate::reattach::Reattach;
 use crate::state::{Gauge, State};
 use crate::step::{StepGrant, Steps, TreeBounds};
@@ -24,13 +23,14 @@ use crate::validate::{DraftPlan, ValidRun};
 
 pub type Events = mpsc::Sender<Result<v1::SessionEvent, Status>>;
 
-/// Runs an admitted session to its end (from its kept cache, `cached`, when
-/// it has one): holds its slot and KV reservation until then, and keeps
-/// its cache under its `cache_key` unless it failed.
+/// Runs an admitted session to its end (from the cached KV of its prefix,
+/// when `prefix` finds some): holds its slot and KV reservation until
+/// then, and publishes its committed KV to the prefix cache unless it
+/// failed.
 pub async fn drive(
     v: Arc<State>,
     run: ValidRun,
-    cached: Option<(Sequence, Vec<u32>)>,
+    prefix: Option<PrefixKey>,
     events: Events,
     reservation: Reservation,
     slot: OwnedSemaphorePermit,
@@ -42,10 +42,15 @@ pub async fn drive(
         context_tokens = run.tokens.len(),
         max_new_tokens = run.max_new_tokens,
         drafter = run.draft.as_ref().map_or("", |d| d.endpoint.as_str()),
+        cached_tokens = tracing::field::Empty,
     );
     async move {
-        let (kept, last) = match drive_inner(&v, &run, cached, &events).await {
-            Ok(Ended { session, last }) => (Some(session), last),
+        let (kept, last) = match drive_inner(&v, &run, prefix, &events).await {
+            Ok(Ended {
+                session,
+                prefix,
+                last,
+            }) => (Some(session).zip(prefix), last),
             Err(VerifierError::CallerGone) => (None, None),
             Err(e) => {
                 tracing::warn!(error = %e, "session failed");
@@ -53,17 +58,17 @@ pub async fn drive(
                 (None, None)
             }
         };
-        // Free the reservation before keeping the cache, so keeping it
-        // does not evict another kept cache needlessly.
+        // Free the reservation before publishing, so publishing does not
+        // evict cached blocks needlessly.
         drop(reservation);
-        if let (Some(key), Some(session)) = (run.cache_key.filter(|_| run.keep_cache), kept) {
-            let (seq, tokens) = session.into_cache();
-            v.memory.keep(key, seq, tokens);
+        let publish = v.memory.prefix_cache() || run.keep_cache;
+        if let Some((session, prefix)) = kept.filter(|_| publish) {
+            v.memory.publish_all(&prefix, &session);
         }
-        // The final step goes out once the cache is kept: a client sends a
-        // conversation's next turn as soon as this one ends, and that turn
-        // must find it (sent before, the next turn could be admitted first
-        // and prefill the whole history again).
+        // The final step goes out once its KV is published: a client sends
+        // a conversation's next turn as soon as this one ends, and that
+        // turn must find it (sent before, the next turn could be admitted
+        // first and prefill the answer again).
         if let Some(event) = last {
             let _ = send(&events, event).await;
         }
@@ -76,6 +81,8 @@ pub async fn drive(
 /// A session that ran to its end or lost its caller.
 struct Ended {
     session: Box<Session>,
+    /// Where its KV is published (`None`: nowhere).
+    prefix: Option<PrefixKey>,
     /// The final step's event, still to send (`None` when the caller left).
     last: Option<v1::SessionEvent>,
 }
@@ -87,19 +94,9 @@ struct Ended {
 async fn drive_inner(
     v: &State,
     run: &ValidRun,
-    cached: Option<(Sequence, Vec<u32>)>,
+    prefix: Option<PrefixKey>,
     events: &Events,
 ) -> Result<Ended, VerifierError> {
-    let gone = |session| {
-        Ok(Ended {
-            session,
-            last: None,
-        })
-    };
-    let (cached_seq, cached_tokens) = match cached {
-        Some((seq, tokens)) => (Some(seq), tokens),
-        None => (None, Vec::new()),
-    };
     let limits = SessionLimits {
         max_new_tokens: run.max_new_tokens,
         eos: v.eos.clone(),
@@ -111,7 +108,7 @@ async fn drive_inner(
             run.prompt_len,
             run.params.clone(),
             limits,
-            cached_seq.map(|seq| (seq, cached_tokens.as_slice())),
+            None,
         )
         .map_err(|e| VerifierError::invalid("tokens", e.to_string()))?,
     );
@@ -125,13 +122,21 @@ async fn drive_inner(
     };
     let prefill = v
         .batcher
-        .prefill(session)
+        .prefill(session, prefix)
         .instrument(tracing::info_span!("prefill", tokens = run.tokens.len()));
     let (done, mut link) = tokio::join!(prefill, open_link(v, run));
     let done = done?;
     session = done.session;
+    let prefix = done.prefix;
+    let gone = |session| {
+        Ok(Ended {
+            session,
+            prefix: prefix.clone(),
+            last: None,
+        })
+    };
     let (reused, seconds) = done.result?;
-    v.memory.record_reuse(reused);
+    tracing::Span::current().record("cached_tokens", reused);
     let started = v1::SessionEvent {
         event: Some(v1::session_event::Event::Started(v1::Started {
             reused_tokens: reused as u32,
@@ -234,6 +239,7 @@ async fn drive_inner(
         if verified.finished {
             return Ok(Ended {
                 session,
+                prefix: prefix.clone(),
                 last: Some(event),
             });
         }

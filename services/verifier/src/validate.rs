@@ -38,6 +38,9 @@ pub struct ValidRun {
     pub cache_key: Option<specmesh_proto::CacheKey>,
     /// Keep the session's KV under `cache_key` when it ends.
     pub keep_cache: bool,
+    /// The prefix cache's scope: the tenant and the caller's salt.
+    pub tenant: String,
+    pub cache_salt: String,
 }
 
 /// The drafter a run drafts with.
@@ -112,6 +115,8 @@ impl ValidRun {
             draft,
             cache_key: spec.cache_key,
             keep_cache: spec.keep_cache,
+            tenant: spec.tenant,
+            cache_salt: spec.cache_salt,
         })
     }
 }

@@ -39,6 +39,7 @@ fn request(max_new_tokens: u32, stop: &[&str]) -> ValidGenerateRequest {
         end_session: false,
         tenant: "acme".into(),
         prediction: Vec::new(),
+        cache_salt: String::new(),
     }
 }
 
@@ -133,14 +134,19 @@ async fn a_session_keeps_its_kv_and_speculation_off_sends_no_plan() {
     let dl = decode_loop(&[&v.endpoint], &["http://drafter-0:50061"], 2);
     let mut req = request(1, &[]);
     req.session_id = Some("chat-42".into());
+    req.cache_salt = "user-7".into();
     req.speculation.mode = SpeculationMode::Off;
     dl.run(&req, &ctx(), &mut TestSink::default())
         .await
         .unwrap();
     let run = &v.log.requests()[0];
     assert_eq!(
-        (run.session_id.as_str(), run.cache_key.as_str()),
-        ("chat-42", "chat-42")
+        (
+            run.session_id.as_str(),
+            run.cache_key.as_str(),
+            run.cache_salt.as_str()
+        ),
+        ("chat-42", "chat-42", "user-7")
     );
     assert_eq!(run.draft, None);
 }

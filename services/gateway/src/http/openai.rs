@@ -87,6 +87,8 @@ pub struct Common {
     pub speculation: Option<Value>,
     /// Ours: the gRPC API's `tenant`.
     pub tenant: Option<Value>,
+    /// vLLM's: narrows KV reuse within the tenant (the gRPC API's).
+    pub cache_salt: Option<Value>,
     /// Everything else, checked by [`unsupported`].
     #[serde(flatten)]
     pub rest: Map<String, Value>,
@@ -254,6 +256,16 @@ impl Common {
                 ));
             }
         };
+        let cache_salt = match self.cache_salt.as_ref().filter(|v| !v.is_null()) {
+            None => String::new(),
+            Some(Value::String(t)) => t.clone(),
+            Some(other) => {
+                return Err(BadRequest::new(
+                    "cache_salt",
+                    format!("`cache_salt` must be a string, got {other}"),
+                ));
+            }
+        };
         Ok(v1::GenerateRequest {
             input: Some(input),
             max_new_tokens,
@@ -267,6 +279,7 @@ impl Common {
             speculation: speculation(self.speculation.as_ref())?,
             tenant,
             prediction,
+            cache_salt,
             ..Default::default()
         })
     }

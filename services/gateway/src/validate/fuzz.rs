@@ -72,6 +72,7 @@ fn any_request() -> impl Strategy<Value = GenerateRequest> {
                     tenant,
                     end_session,
                     prediction,
+                    cache_salt: String::new(),
                 }
             },
         )

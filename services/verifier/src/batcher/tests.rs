@@ -28,6 +28,7 @@ use specmesh_tokenizer::Tokenizer;
 use specmesh_tree::{TreeBuilder, TreeLimits};
 
 use super::*;
+use crate::memory::KvMemory;
 use crate::state::Gauge;
 use crate::step::root_only;
 
@@ -147,23 +148,48 @@ fn config(max_batch: usize, window: Duration, prefill_chunk: usize) -> BatcherCo
     }
 }
 
+/// KV memory with its prefix cache on (sessions without a prefix key
+/// neither find nor publish anything).
+fn memory() -> KvMemory {
+    KvMemory::new(1 << 30, model().kv_bytes_per_token() as u64, true)
+}
+
+/// A batcher on `memory`.
+fn batcher_on(config: BatcherConfig, memory: &KvMemory) -> Batcher {
+    Batcher::start(
+        Arc::clone(model()),
+        config,
+        goodput(false, 512),
+        memory.clone(),
+    )
+}
+
 /// A batcher with the planner off, as `Batcher::start` makes it.
 fn batcher(config: BatcherConfig) -> Batcher {
-    Batcher::start(Arc::clone(model()), config, goodput(false, 512))
+    Batcher::start(Arc::clone(model()), config, goodput(false, 512), memory())
 }
 
 /// [`batcher`] with its thread not started yet (`Batcher::start` less the
 /// spawn): every job sent before the returned start is queued when the
 /// thread first looks.
 fn paused(config: BatcherConfig) -> (Batcher, impl FnOnce() -> JoinHandle<()>) {
+    paused_on(config, memory())
+}
+
+/// [`paused`] on `memory`.
+fn paused_on(
+    config: BatcherConfig,
+    memory: KvMemory,
+) -> (Batcher, impl FnOnce() -> JoinHandle<()>) {
     let (tx, rx) = mpsc::channel();
     let counters = Arc::new(Counters {
         window: config.window,
         ..Counters::default()
     });
     let c = Arc::clone(&counters);
-    let start =
-        move || std::thread::spawn(move || run(model(), config, goodput(false, 512), &rx, &c));
+    let start = move || {
+        std::thread::spawn(move || run(model(), config, goodput(false, 512), &memory, &rx, &c))
+    };
     (Batcher { tx, counters }, start)
 }
 
@@ -224,7 +250,7 @@ async fn answers(calls: Vec<Call<'_>>) -> Vec<StepDone> {
 type Prefill<'a> = Pin<Box<dyn Future<Output = Result<PrefillDone, VerifierError>> + 'a>>;
 
 fn send_prefill<'a>(b: &'a Batcher, prompt: &[u32]) -> Prefill<'a> {
-    let mut call: Prefill<'a> = Box::pin(b.prefill(session(prompt, None)));
+    let mut call: Prefill<'a> = Box::pin(b.prefill(session(prompt, None), None));
     send(&mut call);
     call
 }
@@ -422,25 +448,87 @@ async fn an_unchunked_prefill_rides_whole_in_one_step() {
 }
 
 #[tokio::test]
-async fn with_no_session_decoding_a_prefill_runs_alone_and_a_cache_is_reused() {
-    let b = batcher(config(8, FOREVER, 16));
+async fn with_no_session_decoding_a_prefill_runs_alone_and_a_cached_prefix_is_reused() {
+    let m = memory();
+    let b = batcher_on(config(8, FOREVER, 16), &m);
     let c = b.counters();
     let first = long_prompt();
     let n = first.len() - 1;
-    let done = answer(b.prefill(session(&first, None))).await;
+    let key = |tokens: &[u32]| m.key_of("t", "", None, tokens);
+    let done = answer(b.prefill(session(&first, None), key(&first))).await;
     assert_eq!(done.result.unwrap().0, 0);
     assert_eq!(prefill_tokens(c), (n as u64, 0), "all alone, none fused");
     assert_eq!(counts(c), (0, 0), "a prefill is no step");
-    // The next turn keeps the first one's KV (as `memory.keep` does).
-    let (seq, cached) = done.session.into_cache();
+    // The next turn finds the first one's whole blocks, published as its
+    // prefill ran; another tenant finds none.
     let mut next = first.clone();
     next.extend(prompt(" And then the dog"));
-    let done = answer(b.prefill(session(&next, Some((seq, &cached))))).await;
-    assert_eq!(done.result.unwrap().0, n, "the first turn's tokens reused");
-    assert_eq!(prefill_tokens(c), ((next.len() - 1) as u64, 0));
+    let hit = n / 16 * 16;
+    let done = answer(b.prefill(session(&next, None), key(&next))).await;
+    assert_eq!(
+        done.result.unwrap().0,
+        hit,
+        "the first turn's blocks reused"
+    );
+    assert_eq!(prefill_tokens(c), ((n + next.len() - 1 - hit) as u64, 0));
+    let other = m.key_of("u", "", None, &next);
+    let alone = answer(b.prefill(session(&next, None), other)).await;
+    assert_eq!(alone.result.unwrap().0, 0, "another tenant's prefix");
+    let usage = m.usage();
+    assert_eq!(
+        (usage.queried_tokens, usage.hit_tokens),
+        ((n + 2 * (next.len() - 1)) as u64, hit as u64)
+    );
     let _decoding = Gauge::up(&c.decoding);
     let (_, out) = decode(&b, done.session, 3).await;
     assert_eq!(out, plain(&next, 3));
+}
+
+#[tokio::test]
+async fn a_short_prefill_goes_before_a_long_one_and_a_shared_prefix_is_computed_once() {
+    let m = memory();
+    let (b, start) = paused_on(config(8, FOREVER, 16), m.clone());
+    let c = Arc::clone(&b.counters);
+    let long = long_prompt();
+    let mut long2 = long.clone();
+    long2.extend(prompt(" Then the cat"));
+    let short = prompt(PROMPTS[1]);
+    let key = |tokens: &[u32]| m.key_of("t", "", None, tokens);
+    // Queued in this order before the thread first looks: the long
+    // prompt, the same prompt extended, then a short one.
+    let mut calls: Vec<Prefill<'_>> = vec![
+        Box::pin(b.prefill(session(&long, None), key(&long))),
+        Box::pin(b.prefill(session(&long2, None), key(&long2))),
+        Box::pin(b.prefill(session(&short, None), key(&short))),
+    ];
+    calls.iter_mut().for_each(send);
+    let thread = start();
+    let mut order = Vec::new();
+    let mut reused = [0; 3];
+    let deadline = Instant::now() + WEDGED;
+    while order.len() < 3 {
+        assert!(Instant::now() < deadline, "the batcher is wedged");
+        for (i, call) in calls.iter_mut().enumerate() {
+            if reused[i] == 0
+                && !order.contains(&i)
+                && let Some(done) = ready(call)
+            {
+                reused[i] = done.unwrap().result.unwrap().0;
+                order.push(i);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(order[0], 2, "the short prompt first: {order:?}");
+    // Whichever of the two long ones ran first, the other took its blocks.
+    let shared = (long.len() - 1) / 16 * 16;
+    assert_eq!(reused[0].max(reused[1]), shared, "{reused:?}");
+    assert_eq!(
+        prefill_tokens(&c).0 as usize,
+        (short.len() - 1) + (long.len() - 1) + (long2.len() - 1) - shared
+    );
+    drop(calls);
+    stop(b, thread);
 }
 
 #[tokio::test]
@@ -551,16 +639,21 @@ async fn a_prefill_whose_caller_left_is_not_computed_further() {
     let q = send_prefill(&b, &pq);
     let _decoding = Gauge::up(&c.decoding);
     let thread = start();
+    // The shortest prefill first: Q whole, in the first step.
     let (s, first) = decode(&b, prefilled(&pd), 1).await;
-    assert_eq!(prefill_tokens(&c), (16, 16), "the second one's first chunk");
-    drop(later);
-    let (s, second) = decode(&b, s, 1).await;
-    assert_eq!(prefill_tokens(&c), (16 + qn, 16 + qn), "Q's, none of its");
+    assert_eq!(prefill_tokens(&c), (qn, qn), "Q's, the shortest");
     let done = answer(q).await;
     let left = done.session.prefill_left();
     assert_eq!((done.result.unwrap().0, left), (0, 0));
+    let (s, second) = decode(&b, s, 1).await;
+    assert_eq!(
+        prefill_tokens(&c),
+        (qn + 16, qn + 16),
+        "the long one's first chunk"
+    );
+    drop(later);
     let (_, third) = decode(&b, s, 1).await;
-    assert_eq!(prefill_tokens(&c), (16 + qn, 16 + qn));
+    assert_eq!(prefill_tokens(&c), (qn + 16, qn + 16), "none of its after");
     assert_eq!([first, second, third].concat(), plain(&pd, 3));
     stop(b, thread);
 }
@@ -569,7 +662,12 @@ async fn a_prefill_whose_caller_left_is_not_computed_further() {
 async fn a_tree_the_planner_pruned_reports_its_path_in_the_drafters_indices() {
     // A forward of at most 4 tokens holds the root and 3 of the tree's 6
     // drafted nodes: pruned, whatever the planner has learned.
-    let b = Batcher::start(Arc::clone(model()), config(8, FOREVER, 0), goodput(true, 4));
+    let b = Batcher::start(
+        Arc::clone(model()),
+        config(8, FOREVER, 0),
+        goodput(true, 4),
+        memory(),
+    );
     let pd = prompt(PROMPTS[2]);
     let truth = plain(&pd, 4);
     let s = prefilled(&pd);

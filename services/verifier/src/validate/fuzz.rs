@@ -67,8 +67,9 @@ fn any_request() -> impl Strategy<Value = v1::RunRequest> {
                     sampling,
                     draft,
                     cache_key,
-                    tenant,
                     release_cache,
+                    cache_salt: tenant.chars().rev().collect(),
+                    tenant,
                 }
             },
         )
