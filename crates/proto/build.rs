@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "drafter.proto",
         "common.proto",
         "peers.proto",
+        "kv.proto",
     ]
     .map(|f| root.join("specmesh/v1").join(f));
     for f in &files {

@@ -70,6 +70,7 @@ pub struct Cluster {
     verifier_urls: Vec<String>,
     drafter_urls: Vec<String>,
     pub gateway: Service,
+    gateway_args: Vec<String>,
 }
 
 impl Cluster {
@@ -143,7 +144,17 @@ impl Cluster {
             verifier_urls,
             drafter_urls,
             gateway,
+            gateway_args: args,
         }
+    }
+
+    /// Kills the gateway and starts a new one with the same flags (on a
+    /// new port: [`Cluster::client`] dials it).
+    pub fn restart_gateway(&mut self) {
+        // SIGKILL: a crash, nothing handed over.
+        sigkill(self.gateway.pid());
+        let _ = self.gateway.wait_exit(Duration::from_secs(10));
+        self.gateway = Service::start("specmesh-gateway", &self.gateway_args, &[]);
     }
 
     pub fn verifier_urls(&self) -> &[String] {
@@ -289,4 +300,11 @@ impl Members {
         );
         members[at].start();
     }
+}
+
+/// SIGKILL to `pid`.
+fn sigkill(pid: u32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
 }

@@ -208,9 +208,13 @@ fn verifier(addr: &str, dns: &Dns, drafters: &str) -> Service {
     Service::start_wrapped(&wrapper, "specmesh-verifier", addr, &args, &[])
 }
 
+/// A session of its own, its KV salted apart: no session finds another's
+/// cached prompt, so placement follows the session (rendezvous over the
+/// members), not the prefix every session shares.
 fn session_request(id: &str) -> v1::GenerateRequest {
     let mut r = chat_request("Name three prime numbers.", 12);
     r.session_id = id.to_owned();
+    r.cache_salt = id.to_owned();
     r
 }
 

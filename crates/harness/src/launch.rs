@@ -373,6 +373,12 @@ impl Mesh {
             if let Some(c) = &mesh.verifier_cpus {
                 args.extend(["--cpus".into(), c.clone()]);
             }
+            if !mesh.prefix_cache {
+                args.push("--prefix-cache=false".into());
+            }
+            if let Some(mib) = mesh.kv_budget_mib {
+                args.extend(["--kv-budget-mib".into(), mib.to_string()]);
+            }
             args.extend(metrics_args());
             // A verifier dials only the drafters it is told of.
             if !drafter_urls.is_empty() {

@@ -50,6 +50,14 @@ pub struct MeshArgs {
     /// (`specmesh-drafter --draft-head-tokens`; 0: all).
     #[arg(long, requires = "draft_model")]
     pub draft_head_tokens: Option<usize>,
+    /// The verifiers' prefix cache (`specmesh-verifier --prefix-cache`):
+    /// `false` reuses KV only within a `session_id`.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub prefix_cache: bool,
+    /// Each verifier's KV budget in MiB (`specmesh-verifier
+    /// --kv-budget-mib`; default: the verifier's).
+    #[arg(long)]
+    pub kv_budget_mib: Option<u64>,
     /// Seconds to wait for each service to start (loading the model and
     /// measuring its cost curve take seconds; a 1.5B model on a slow
     /// 2-core VM, minutes).
@@ -74,6 +82,8 @@ impl Default for MeshArgs {
             drafter_threads: None,
             draft_ahead: false,
             draft_head_tokens: None,
+            prefix_cache: true,
+            kv_budget_mib: None,
             start_timeout_secs: 300,
             link: LinkArgs::default(),
         }

@@ -25,7 +25,7 @@ mod hash;
 mod store;
 
 pub use hash::{BlockHash, Scope, block_hashes};
-pub use store::{Exhausted, KvBlock, Store, StoreUsage};
+pub use store::{BlockEvent, Exhausted, KvBlock, Store, StoreUsage};
 
 /// Tokens per block: a hit reuses whole blocks only, so at most this many
 /// minus one tokens of a cached prefix are computed again. 16 is vLLM's

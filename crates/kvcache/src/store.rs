@@ -100,6 +100,16 @@ pub struct Store {
     hits: u64,
     inserted: u64,
     evicted: u64,
+    /// Blocks stored and removed since [`Store::take_events`] last ran,
+    /// in order: what the store publishes to routers.
+    events: Vec<BlockEvent>,
+}
+
+/// A change of what the store holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockEvent {
+    Stored(BlockHash),
+    Removed(BlockHash),
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -122,7 +132,19 @@ impl Store {
             hits: 0,
             inserted: 0,
             evicted: 0,
+            events: Vec::new(),
         }
+    }
+
+    /// The changes since the last call, oldest first.
+    pub fn take_events(&mut self) -> Vec<BlockEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Every block held now (a subscriber's starting point: later
+    /// changes come from [`Store::take_events`]).
+    pub fn hashes(&self) -> Vec<BlockHash> {
+        self.blocks.keys().copied().collect()
     }
 
     pub fn block_tokens(&self) -> usize {
@@ -260,6 +282,7 @@ impl Store {
         );
         self.leaves.insert((self.tick, hash));
         self.inserted += 1;
+        self.events.push(BlockEvent::Stored(hash));
         true
     }
 
@@ -310,6 +333,7 @@ impl Store {
             };
             let e = self.blocks.remove(&hash).expect("a leaf is cached");
             self.evicted += 1;
+            self.events.push(BlockEvent::Removed(hash));
             if let Parent::Block(p) = e.parent
                 && let Some(pe) = self.blocks.get_mut(&p)
             {

@@ -18,6 +18,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use specmesh_kvcache::{BLOCK_TOKENS, Scope, block_hashes};
 use specmesh_proto::v1::{
     self, Committed, DraftPlan, FinishReason, RunRequest, SessionEvent, Usage, session_event::Event,
 };
@@ -177,7 +178,8 @@ impl DecodeLoop {
         let mut unplaceable_since: Option<Instant> = None;
         loop {
             let attempts = u32::try_from(failed.len()).unwrap_or(u32::MAX);
-            let Some(placement) = self.place(request, &failed, epoch) else {
+            let committed = progress.output.committed().to_vec();
+            let Some(placement) = self.place(request, &committed, &failed, epoch) else {
                 // No verifier can take it now (all down, restarting, or
                 // lost by this request and not back yet): wait a while for
                 // one to come back, as pods do in a rolling update.
@@ -206,6 +208,9 @@ impl DecodeLoop {
                 verifier = placement.verifier.endpoint(),
                 drafter = placement.drafter.as_deref().unwrap_or(""),
                 resumed_tokens = progress.output.committed().len(),
+                placed_by = placement.reason.name(),
+                predicted_cached_tokens = placement.predicted_blocks * BLOCK_TOKENS,
+                cached_tokens = field::Empty,
             );
             let outcome = self
                 .attempt(request, ctx, &placement, &mut progress, sink)
@@ -260,10 +265,12 @@ impl DecodeLoop {
         }
     }
 
-    /// Chooses the verifier and drafter for the next attempt.
+    /// Chooses the verifier and drafter for the next attempt, resuming
+    /// after `committed`.
     fn place(
         &self,
         request: &ValidGenerateRequest,
+        committed: &[u32],
         failed: &[FailedOn],
         epoch: u64,
     ) -> Option<Placement> {
@@ -271,17 +278,32 @@ impl DecodeLoop {
             "place",
             epoch,
             verifier = field::Empty,
-            drafter = field::Empty
+            drafter = field::Empty,
+            reason = field::Empty,
+            predicted_cached_tokens = field::Empty,
         );
         let _entered = span.enter();
+        // The context's block hashes, as the verifier's prefix cache names
+        // them (all but the last token: the first tree's root).
+        let mut context = Vec::with_capacity(request.prompt_tokens.len() + committed.len());
+        context.extend_from_slice(&request.prompt_tokens);
+        context.extend_from_slice(committed);
+        let scope = Scope::new(&request.tenant, &request.cache_salt, None);
+        let prefix = block_hashes(scope, &context[..context.len() - 1], BLOCK_TOKENS);
+        let reserve = context.len() + request.max_new_tokens as usize;
         let key = PlacementKey {
             session_id: request.session_id.as_deref(),
             tenant: &request.tenant,
             speculate: request.speculation.speculates(),
+            prefix: &prefix,
+            need_blocks: reserve.div_ceil(BLOCK_TOKENS) as u64,
         };
         let placement = self.members.placer().place(key, failed, epoch)?;
-        self.metrics.placed();
+        let predicted = placement.predicted_blocks * BLOCK_TOKENS;
+        self.metrics.placed(placement.reason.name(), predicted);
         span.record("verifier", placement.verifier.endpoint());
+        span.record("reason", placement.reason.name());
+        span.record("predicted_cached_tokens", predicted);
         if let Some(d) = &placement.drafter {
             span.record("drafter", d.as_str());
         }
@@ -310,6 +332,8 @@ impl DecodeLoop {
                     );
                     let cached = s.reused_tokens.min(request.prompt_len());
                     progress.cached_tokens.get_or_insert(cached);
+                    self.metrics.cached(s.reused_tokens);
+                    tracing::Span::current().record("cached_tokens", s.reused_tokens);
                 }
                 Event::Committed(step) => {
                     if let Some(reason) =

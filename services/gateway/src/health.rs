@@ -52,31 +52,40 @@ impl Role {
     }
 }
 
-/// The running watches, one per member; dropping it stops them.
+/// The running watches of each member (its health, and a verifier's KV
+/// events); dropping it stops them.
 #[derive(Debug, Default)]
-pub struct Watches(HashMap<(Role, String), JoinHandle<()>>);
+pub struct Watches(HashMap<(Role, String), Vec<JoinHandle<()>>>);
 
 impl Watches {
     /// Starts watching `member` over `channel` (on the current runtime).
     pub fn add(&mut self, role: Role, member: Member, channel: Channel) {
         let key = (role, member.endpoint.clone());
         let task = tokio::spawn(watch(role, member, channel));
-        if let Some(old) = self.0.insert(key, task) {
-            old.abort();
+        if let Some(old) = self.0.insert(key, vec![task]) {
+            old.iter().for_each(JoinHandle::abort);
         }
+    }
+
+    /// Adds `task` to the member's watches (stopped with them).
+    pub fn also(&mut self, role: Role, endpoint: &str, task: JoinHandle<()>) {
+        self.0
+            .entry((role, endpoint.to_owned()))
+            .or_default()
+            .push(task);
     }
 
     /// Stops watching the member at `endpoint` (it left the list).
     pub fn remove(&mut self, role: Role, endpoint: &str) {
-        if let Some(task) = self.0.remove(&(role, endpoint.to_owned())) {
-            task.abort();
+        if let Some(tasks) = self.0.remove(&(role, endpoint.to_owned())) {
+            tasks.iter().for_each(JoinHandle::abort);
         }
     }
 }
 
 impl Drop for Watches {
     fn drop(&mut self) {
-        for task in self.0.values() {
+        for task in self.0.values().flatten() {
             task.abort();
         }
     }

@@ -24,6 +24,8 @@ mod decode;
 mod error;
 mod health;
 pub mod http;
+mod kv_index;
+mod kv_watch;
 mod members;
 mod metrics;
 mod model;

@@ -156,7 +156,17 @@ impl Members {
             if let Some(channel) = channels.remove(&member.endpoint)
                 && watch
             {
-                inner.watches.add(role, member, channel);
+                if role == Role::Verifier {
+                    let task = tokio::spawn(crate::kv_watch::watch(
+                        member.endpoint.clone(),
+                        channel.clone(),
+                        self.placer.kv_index(),
+                    ));
+                    inner.watches.add(role, member.clone(), channel);
+                    inner.watches.also(role, &member.endpoint, task);
+                } else {
+                    inner.watches.add(role, member, channel);
+                }
             }
         }
         for member in change.removed {
@@ -164,6 +174,7 @@ impl Members {
             inner.watches.remove(role, &member.endpoint);
             if role == Role::Verifier {
                 inner.clients.remove(&member.endpoint);
+                self.placer.kv_index().forget(&member.endpoint);
             }
         }
         refused

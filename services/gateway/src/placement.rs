@@ -1,11 +1,22 @@
 //! Which verifier runs a request, and which drafter feeds it.
 //!
-//! * A request with a `session_id` goes to the verifier that rendezvous
-//!   hashing (highest random weight) picks for that id, so every turn of a
-//!   conversation lands where its KV cache is kept. Losing a verifier moves
+//! * A request whose prompt starts with blocks some verifier holds in its
+//!   prefix cache (the gateway's index of every verifier's KV events,
+//!   [`crate::kv_index`]) goes to the verifier with the lowest cost
+//!   `PREFIX_WEIGHT × uncached blocks + load`, where load is the sessions
+//!   it runs (the larger of its last report and this gateway's own
+//!   requests in flight there): NVIDIA Dynamo's KV router and llm-d's
+//!   weighted prefix and load scorers, with one running session weighing
+//!   as much as one block (16 tokens) of prefill. A verifier whose free
+//!   and cached blocks cannot hold the request is skipped.
+//! * When no verifier holds any of it (a first turn, a fresh or stale
+//!   index), a request with a `session_id` goes to the verifier that
+//!   rendezvous hashing (highest random weight) picks for that id, so
+//!   every turn of a conversation lands together. Losing a verifier moves
 //!   only the sessions it owned, adding one takes only the sessions it now
 //!   wins; every gateway replica computes the same choice without
-//!   coordinating.
+//!   coordinating. Never a hash of the first block: one shared system
+//!   prompt would send every request to one verifier.
 //! * Any other request goes to the verifier with the fewest requests in
 //!   flight from this gateway (ties rotate, so idle pods share the load).
 //! * The drafter is the rendezvous choice for the tenant, so one tenant's
@@ -25,6 +36,12 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
+use crate::kv_index::KvIndex;
+
+/// How much one uncached block (16 tokens to prefill) weighs against one
+/// running session in the cost of placing a request on a verifier.
+pub const PREFIX_WEIGHT: u64 = 1;
+
 /// The verifiers and drafters requests may be placed on.
 #[derive(Debug)]
 pub struct Placer {
@@ -33,6 +50,30 @@ pub struct Placer {
     drafters: RwLock<Arc<[Member]>>,
     /// Where the least-loaded scan starts, so ties rotate.
     cursor: AtomicUsize,
+    /// Which verifier holds which prefix.
+    kv: Arc<KvIndex>,
+}
+
+/// Why a verifier was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// It holds the most of the request's prefix, for its load.
+    Prefix,
+    /// No verifier holds any of it: the session's rendezvous choice.
+    Session,
+    /// Neither: the least loaded.
+    Load,
+}
+
+impl Reason {
+    /// As the metrics label it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::Prefix => "prefix",
+            Reason::Session => "session",
+            Reason::Load => "load",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -104,6 +145,11 @@ pub struct PlacementKey<'a> {
     pub tenant: &'a str,
     /// Whether the request wants a drafter at all.
     pub speculate: bool,
+    /// The block hashes of its context (what verifiers' prefix caches
+    /// publish), first block first.
+    pub prefix: &'a [u64],
+    /// Blocks of KV the request reserves on its verifier.
+    pub need_blocks: u64,
 }
 
 /// Where one attempt of a request runs.
@@ -118,6 +164,9 @@ pub struct Placement {
     pub fallback_drafters: Vec<String>,
     /// 1 for the first placement, one more for each re-placement.
     pub epoch: u64,
+    pub reason: Reason,
+    /// Blocks of the prefix the index says the verifier holds.
+    pub predicted_blocks: usize,
 }
 
 /// A verifier chosen for a request; counts as in flight until dropped.
@@ -168,6 +217,7 @@ impl Placer {
             verifiers: RwLock::new(Arc::from([])),
             drafters: RwLock::new(Arc::from([])),
             cursor: AtomicUsize::new(0),
+            kv: Arc::default(),
         };
         placer.set_verifiers(&verifiers);
         placer.set_drafters(&drafters);
@@ -268,14 +318,21 @@ impl Placer {
             .filter(|(_, v)| !v.member.is_healthy() || failed.iter().any(|f| f.excludes(&v.member)))
             .map(|(i, _)| i)
             .collect();
-        let index = match key.session_id {
-            Some(id) => rendezvous(
-                id,
-                verifiers.iter().map(|v| v.member.endpoint.as_str()),
-                &exclude,
-            ),
-            None => self.least_loaded(&verifiers, &exclude),
-        }?;
+        let (index, reason, predicted_blocks) = match self.by_prefix(&verifiers, &exclude, key) {
+            Some((i, hits)) => (i, Reason::Prefix, hits),
+            None => match key.session_id {
+                Some(id) => (
+                    rendezvous(
+                        id,
+                        verifiers.iter().map(|v| v.member.endpoint.as_str()),
+                        &exclude,
+                    )?,
+                    Reason::Session,
+                    0,
+                ),
+                None => (self.least_loaded(&verifiers, &exclude)?, Reason::Load, 0),
+            },
+        };
         let slot = verifiers.get(index)?;
         slot.in_flight.fetch_add(1, Ordering::Relaxed);
         let verifier = VerifierLease {
@@ -301,7 +358,56 @@ impl Placer {
             drafter,
             fallback_drafters,
             epoch,
+            reason,
+            predicted_blocks,
         })
+    }
+
+    /// The index the KV watches feed.
+    pub fn kv_index(&self) -> Arc<KvIndex> {
+        Arc::clone(&self.kv)
+    }
+
+    /// The verifier of least cost for `key`'s prefix and its hit blocks;
+    /// `None` when no eligible verifier holds any of it.
+    fn by_prefix(
+        &self,
+        verifiers: &[VerifierSlot],
+        exclude: &[usize],
+        key: PlacementKey<'_>,
+    ) -> Option<(usize, usize)> {
+        if key.prefix.is_empty() {
+            return None;
+        }
+        let n = key.prefix.len() as u64;
+        let len = verifiers.len().max(1);
+        let start = self.cursor.load(Ordering::Relaxed) % len;
+        // (cost, in flight, rotation) and hits of each eligible verifier
+        // the index knows.
+        let scored: Vec<((u64, usize, usize), usize, usize)> = verifiers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !exclude.contains(i))
+            .filter_map(|(i, v)| {
+                let (hits, load) = self.kv.hits(&v.member.endpoint, key.prefix)?;
+                // Room: what is free, and what its cache would give up.
+                if load.free_blocks + load.cached_blocks < key.need_blocks {
+                    return None;
+                }
+                let in_flight = v.in_flight.load(Ordering::Relaxed);
+                let running = u64::from(load.running).max(in_flight as u64);
+                let cost = PREFIX_WEIGHT * (n - hits as u64) + running;
+                Some(((cost, in_flight, (i + len - start) % len), i, hits))
+            })
+            .collect();
+        // Nothing cached anywhere: not a prefix placement.
+        if scored.iter().all(|&(_, _, hits)| hits == 0) {
+            return None;
+        }
+        scored
+            .into_iter()
+            .min_by_key(|&(rank, _, _)| rank)
+            .map(|(_, i, hits)| (i, hits))
     }
 
     /// The tenant's drafter, `None` when none is configured or up.

@@ -19,6 +19,7 @@ mod draft_link;
 mod drafters;
 mod error;
 mod goodput;
+mod kv_events;
 mod memory;
 mod metrics;
 mod reattach;

@@ -11,16 +11,30 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use specmesh_engine::Session;
-use specmesh_kvcache::{BLOCK_TOKENS, BlockHash, Scope, Store, StoreUsage, block_hashes};
+use specmesh_kvcache::{
+    BLOCK_TOKENS, BlockEvent, BlockHash, Scope, Store, StoreUsage, block_hashes,
+};
+use tokio::sync::broadcast;
 
 pub use specmesh_kvcache::Exhausted;
 
 use crate::validate::ValidRun;
 
+/// Batches of changes a slow subscriber may fall behind by before it is
+/// sent a new snapshot instead.
+const EVENT_BACKLOG: usize = 1024;
+
+/// Changes of what the prefix cache holds, in order.
+pub type Events = Arc<Vec<BlockEvent>>;
+
 /// The verifier's KV memory; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct KvMemory {
     store: Arc<Mutex<Store>>,
+    /// Every change, sent under the store's lock (so a snapshot and a
+    /// subscription taken together miss nothing and repeat nothing).
+    events: broadcast::Sender<Events>,
+    bytes_per_token: u64,
     /// `--prefix-cache`: share prefixes within a tenant (and salt);
     /// without it only a session's own earlier turns (its `cache_key`).
     prefix_cache: bool,
@@ -62,7 +76,29 @@ impl KvMemory {
                 BLOCK_TOKENS,
                 bytes_per_token * BLOCK_TOKENS as u64,
             ))),
+            events: broadcast::channel(EVENT_BACKLOG).0,
+            bytes_per_token,
             prefix_cache,
+        }
+    }
+
+    /// Bytes of one block's KV.
+    pub fn block_bytes(&self) -> u64 {
+        self.bytes_per_token * BLOCK_TOKENS as u64
+    }
+
+    /// Every block held now, and the changes from then on.
+    pub fn subscribe(&self) -> (Vec<BlockHash>, broadcast::Receiver<Events>) {
+        let store = lock(&self.store);
+        (store.hashes(), self.events.subscribe())
+    }
+
+    /// Sends the store's changes to subscribers (under its lock).
+    fn flush(&self, store: &mut Store) {
+        let events = store.take_events();
+        if !events.is_empty() {
+            // No subscriber is no error.
+            let _ = self.events.send(Arc::new(events));
         }
     }
 
@@ -74,7 +110,10 @@ impl KvMemory {
     /// Reserves `bytes`, evicting cached blocks (least recently used
     /// leaves first) if needed.
     pub fn reserve(&self, bytes: u64) -> Result<Reservation, Exhausted> {
-        lock(&self.store).reserve(bytes)?;
+        let mut store = lock(&self.store);
+        let reserved = store.reserve(bytes);
+        self.flush(&mut store);
+        reserved?;
         Ok(Reservation {
             store: Arc::clone(&self.store),
             bytes,
@@ -165,6 +204,21 @@ impl KvMemory {
     ) {
         let tokens = session.tokens();
         let mut store = lock(&self.store);
+        self.publish_locked(&mut store, scope, hashes, session, tokens, from, upto);
+        self.flush(&mut store);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn publish_locked(
+        &self,
+        store: &mut Store,
+        scope: Scope,
+        hashes: &[BlockHash],
+        session: &Session,
+        tokens: &[u32],
+        from: usize,
+        upto: usize,
+    ) {
         for i in from..upto {
             // Exported under the lock: a block is a few hundred KB to a
             // MB, a copy of well under a millisecond.

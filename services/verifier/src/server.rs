@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use specmesh_model::{LoadOptions, Model};
+use specmesh_proto::v1;
 use specmesh_proto::v1::verifier_server::{SERVICE_NAME, VerifierServer};
 use specmesh_server::{AbortOnDrop, Built, ClientAuth, Drain, Endpoints, Security, ServerArgs};
 use specmesh_tokenizer::Tokenizer;
@@ -21,6 +22,7 @@ use crate::config::{Args, Config, SERVICE};
 use crate::draft_link::DrafterChannels;
 use crate::drafters::{self, Drafters};
 use crate::goodput;
+use crate::kv_events::KvEventsService;
 use crate::memory::KvMemory;
 use crate::metrics;
 use crate::service::VerifierService;
@@ -162,8 +164,12 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit);
     let service = InterceptedService::new(service, security.authorize());
+    let kv_events = InterceptedService::new(
+        v1::kv_events_server::KvEventsServer::new(KvEventsService::new(Arc::clone(&state))),
+        security.authorize(),
+    );
     let mut built = Built::new(
-        tonic::service::Routes::new(service),
+        tonic::service::Routes::new(service).add_service(kv_events),
         SERVICE_NAME,
         Box::new(Sessions(Arc::clone(&state))),
     );

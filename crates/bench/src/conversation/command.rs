@@ -108,7 +108,21 @@ pub async fn run(setup: Setup<'_>) -> Result<()> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs())
         );
-        let outcome = super::run(args, &targets, setup.max_new, setup.repeats, &run_id).await?;
+        // The oracle renders prompts as the gateway does.
+        let tokenizer = setup
+            .model
+            .path()
+            .ok()
+            .and_then(|p| specmesh_tokenizer::Tokenizer::from_model_path(&p).ok());
+        let outcome = super::run(
+            args,
+            &targets,
+            tokenizer.as_ref(),
+            setup.max_new,
+            setup.repeats,
+            &run_id,
+        )
+        .await?;
         if let Some(path) = setup.json {
             std::fs::write(path, serde_json::to_string_pretty(&outcome.json)?)
                 .with_context(|| format!("writing {}", path.display()))?;

@@ -19,6 +19,7 @@
 mod build;
 pub mod command;
 pub mod drive;
+mod oracle;
 mod report;
 
 use std::path::PathBuf;
@@ -127,6 +128,7 @@ pub struct Outcome {
 pub async fn run(
     args: &ConversationArgs,
     targets: &[Target],
+    tokenizer: Option<&specmesh_tokenizer::Tokenizer>,
     max_new: u32,
     repeats: usize,
     run_id: &str,
@@ -176,6 +178,15 @@ pub async fn run(
         }
     }
     let rows: Vec<report::Row> = passes.iter().map(report::row).collect();
+    // How much of what a prefix cache could reuse ours did, per pass.
+    let mut reuse = Vec::new();
+    if let Some(tokenizer) = tokenizer {
+        for p in &passes {
+            if let Some(r) = oracle::reuse(p, &conversations, args.tenants, tokenizer)? {
+                reuse.push(r);
+            }
+        }
+    }
     let versus = report::versus(&rows);
     let identity = report::identity(&passes, args.turns);
     // Ours must answer every turn: a failed conversation is a failure of
@@ -203,6 +214,17 @@ pub async fn run(
             identity.peer_equal, identity.peer_whole
         );
     }
+    for r in &reuse {
+        println!(
+            "reuse, {} at concurrency {} (repeat {}): {} of {} reusable prompt tokens ({:.1}%; the oracle knows every verifier's cache)",
+            r.target,
+            r.concurrency,
+            r.repeat,
+            r.cached_tokens,
+            r.reusable_tokens,
+            100.0 * r.share
+        );
+    }
     if identity.compared_turns == 0 {
         println!("no identity check: one pass of ours answered each turn (add APIs or levels)");
     } else {
@@ -220,6 +242,7 @@ pub async fn run(
         "system_prompt": build::SYSTEM_PROMPT,
         "rows": rows,
         "versus": versus,
+        "reuse": reuse,
         "mismatches": identity.mismatches,
         "compared_turns": identity.compared_turns,
         "failures": failures,

@@ -65,6 +65,26 @@ fn the_tail_goes_first_and_reservations_evict() {
     assert_eq!(s.usage().blocks, 2);
     assert_eq!(hit(&mut s, a, &long), 2);
     assert_eq!(s.usage().evicted_blocks, 2);
+    // What a router learns: four stored, then the two last removed, tail
+    // first.
+    let h = block_hashes(a, &long, B);
+    assert_eq!(
+        s.take_events(),
+        [
+            BlockEvent::Stored(h[0]),
+            BlockEvent::Stored(h[1]),
+            BlockEvent::Stored(h[2]),
+            BlockEvent::Stored(h[3]),
+            BlockEvent::Removed(h[3]),
+            BlockEvent::Removed(h[2]),
+        ]
+    );
+    assert!(s.take_events().is_empty());
+    let mut held = s.hashes();
+    held.sort_unstable();
+    let mut want = h[..2].to_vec();
+    want.sort_unstable();
+    assert_eq!(held, want);
     // Nothing fits past the budget.
     let err = s.reserve(4 * BYTES).unwrap_err();
     assert!(err.to_string().contains("budget is exhausted"), "{err}");

@@ -13,6 +13,8 @@ fn session(id: &str) -> PlacementKey<'_> {
         session_id: Some(id),
         tenant: "",
         speculate: true,
+        prefix: &[],
+        need_blocks: 0,
     }
 }
 
@@ -32,6 +34,8 @@ const ANON: PlacementKey<'static> = PlacementKey {
     session_id: None,
     tenant: "",
     speculate: true,
+    prefix: &[],
+    need_blocks: 0,
 };
 
 #[test]
@@ -147,6 +151,8 @@ fn a_tenant_keeps_its_drafter_and_off_means_none() {
                     session_id: None,
                     tenant: "acme",
                     speculate: true,
+                    prefix: &[],
+                    need_blocks: 0,
                 },
                 &[],
                 1,
@@ -165,6 +171,8 @@ fn a_tenant_keeps_its_drafter_and_off_means_none() {
                 session_id: None,
                 tenant: "acme",
                 speculate: false,
+                prefix: &[],
+                need_blocks: 0,
             },
             &[],
             1,
@@ -227,6 +235,8 @@ fn members_found_down_are_left_out_until_they_recover() {
         session_id: None,
         tenant: "acme",
         speculate: true,
+        prefix: &[],
+        need_blocks: 0,
     };
     let p = placer.place(acme, &[], 1).unwrap();
     assert_eq!(p.drafter.as_deref(), Some(second.as_str()));
@@ -346,4 +356,75 @@ fn drafters_join_and_leave() {
     // The one left is down: plain decoding, nothing to fall back to.
     let p = placer.place(ANON, &[], 1).unwrap();
     assert_eq!((p.drafter, p.fallback_drafters.len()), (None, 0));
+}
+
+/// A KV event batch: `stored` held now, `running` sessions, room for
+/// `free` blocks more.
+fn held(stored: &[u64], running: u32, free: u64) -> specmesh_proto::v1::KvEventBatch {
+    specmesh_proto::v1::KvEventBatch {
+        instance: "i".into(),
+        block_tokens: 16,
+        snapshot: true,
+        stored: stored.to_vec(),
+        removed: Vec::new(),
+        load: Some(specmesh_proto::v1::KvLoad {
+            running,
+            reserved_blocks: 0,
+            free_blocks: free,
+            cached_blocks: stored.len() as u64,
+        }),
+    }
+}
+
+#[test]
+fn a_request_goes_where_its_prefix_is_cached_weighed_against_load() {
+    let placer = Placer::new(endpoints(3), Vec::new());
+    let e = endpoints(3);
+    let index = placer.kv_index();
+    let prefix = [1, 2, 3, 4, 5, 6, 7, 8];
+    let key = |session_id| PlacementKey {
+        session_id,
+        tenant: "t",
+        speculate: false,
+        prefix: &prefix,
+        need_blocks: 10,
+    };
+    // Nothing indexed: the session's rendezvous choice, or the least
+    // loaded.
+    let p = placer.place(key(Some("s")), &[], 1).unwrap();
+    assert_eq!((p.reason, p.predicted_blocks), (Reason::Session, 0));
+    // Its lease ends: nothing in flight below.
+    drop(p);
+    assert_eq!(
+        placer.place(key(None), &[], 1).unwrap().reason,
+        Reason::Load
+    );
+    // Verifier 1 holds 6 blocks, verifier 2 the first (a shared system
+    // prompt): 1 wins, whatever the session's rendezvous says.
+    index.apply(&e[0], &held(&[], 0, 100));
+    index.apply(&e[1], &held(&prefix[..6], 3, 100));
+    index.apply(&e[2], &held(&prefix[..1], 0, 100));
+    let p = placer.place(key(Some("s")), &[], 1).unwrap();
+    assert_eq!(
+        (p.verifier.index, p.reason, p.predicted_blocks),
+        (1, Reason::Prefix, 6)
+    );
+    drop(p);
+    // Load counts: six more sessions on 1 tip it to 2 (cost 7 + 0 < 2 + 9).
+    index.apply(&e[1], &held(&prefix[..6], 9, 100));
+    assert_eq!(placer.place(key(None), &[], 1).unwrap().verifier.index, 2);
+    // A verifier without room for the request is skipped; an excluded
+    // (failed) one too.
+    index.apply(&e[1], &held(&prefix[..6], 0, 3));
+    assert_eq!(placer.place(key(None), &[], 1).unwrap().verifier.index, 2);
+    index.apply(&e[1], &held(&prefix[..6], 0, 100));
+    let p = placer.place(key(None), &failed(&placer, &[1]), 1).unwrap();
+    assert_eq!(p.verifier.index, 2);
+    // A verifier whose events stopped is forgotten.
+    index.forget(&e[1]);
+    index.forget(&e[2]);
+    assert_eq!(
+        placer.place(key(None), &[], 1).unwrap().reason,
+        Reason::Load
+    );
 }

@@ -1,0 +1,49 @@
+//! The gateway's subscription to each verifier's KV events
+//! (`specmesh.v1.KvEvents/Subscribe`), feeding [`crate::kv_index`]. Like
+//! the health watch ([`crate::health`]): one task per verifier, retried
+//! with back-off; a broken stream drops the verifier's entries at once, so
+//! placement never counts on a cache that may be gone (a verifier that
+//! restarts comes back with a snapshot of its new, empty cache).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use specmesh_proto::v1;
+use specmesh_proto::v1::kv_events_client::KvEventsClient;
+use specmesh_server::backoff::Backoff;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::kv_index::KvIndex;
+
+const RETRY_MIN: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(4);
+/// A snapshot is 8 bytes per cached block: 64 MiB is 8 million blocks.
+const MAX_BATCH_BYTES: usize = 64 << 20;
+
+/// Watches the verifier at `endpoint` for as long as the gateway runs.
+pub async fn watch(endpoint: String, channel: Channel, index: Arc<KvIndex>) {
+    let mut client = KvEventsClient::new(channel).max_decoding_message_size(MAX_BATCH_BYTES);
+    let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
+    loop {
+        match client.subscribe(v1::KvSubscribeRequest {}).await {
+            Ok(response) => {
+                let mut batches = response.into_inner();
+                while let Ok(Some(batch)) = batches.message().await {
+                    index.apply(&endpoint, &batch);
+                    retry.reset();
+                }
+                index.forget(&endpoint);
+            }
+            Err(status) if status.code() == Code::Unimplemented => {
+                tracing::warn!(
+                    endpoint,
+                    "the verifier publishes no KV events: placing on it without its prefix cache"
+                );
+                return;
+            }
+            Err(_) => index.forget(&endpoint),
+        }
+        tokio::time::sleep(retry.next_wait()).await;
+    }
+}
