@@ -211,7 +211,8 @@ impl Store {
 
     /// Caches block `i` of `tokens` with its KV `data`; its parent must be
     /// cached. Returns whether the block is cached now (it may have been
-    /// already; it is not when its parent is gone or no room is left).
+    /// already: then `data` may be empty; it is not when its parent is
+    /// gone or no room is left).
     pub fn insert(
         &mut self,
         scope: Scope,
@@ -230,6 +231,11 @@ impl Store {
         if self.matches(scope, hashes, tokens, i) {
             self.touch(hash);
             return true;
+        }
+        // No KV (the caller found the block cached, and it was evicted
+        // since): nothing to store.
+        if data.is_empty() {
+            return false;
         }
         if self.blocks.contains_key(&hash) {
             // A different prefix under the same hash (a 64-bit collision):
@@ -326,8 +332,25 @@ impl Store {
     }
 
     /// Evicts least recently used leaves until `extra` more bytes fit.
+    /// Evicts nothing when they cannot fit even with every block gone
+    /// that eviction would free (blocks still being copied stay alive):
+    /// a refused request must not empty the cache for everyone else.
     fn make_room(&mut self, extra: u64) -> bool {
-        while self.reserved + self.held.load(Ordering::Relaxed) + extra > self.budget {
+        let fits = |s: &Store| s.reserved + s.held.load(Ordering::Relaxed) + extra <= s.budget;
+        if fits(self) {
+            return true;
+        }
+        let freeable: u64 = self
+            .blocks
+            .values()
+            .filter(|e| Arc::strong_count(&e.kv) == 1)
+            .map(|e| e.kv.bytes)
+            .sum();
+        let held = self.held.load(Ordering::Relaxed);
+        if self.reserved + (held - freeable.min(held)) + extra > self.budget {
+            return false;
+        }
+        while !fits(self) {
             let Some((_, hash)) = self.leaves.pop_first() else {
                 return false;
             };

@@ -290,7 +290,16 @@ impl DecodeLoop {
         context.extend_from_slice(committed);
         let scope = Scope::new(&request.tenant, &request.cache_salt, None);
         let prefix = block_hashes(scope, &context[..context.len() - 1], BLOCK_TOKENS);
-        let reserve = context.len() + request.max_new_tokens as usize;
+        // What the verifier reserves: the context, the tokens still to
+        // generate and one tree (its root when not speculating).
+        let tree = if request.speculation.speculates() {
+            request.speculation.max_draft_tokens as usize + 1
+        } else {
+            1
+        };
+        let reserve = context.len()
+            + (request.max_new_tokens as usize).saturating_sub(committed.len())
+            + tree;
         let key = PlacementKey {
             session_id: request.session_id.as_deref(),
             tenant: &request.tenant,

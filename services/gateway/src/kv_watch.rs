@@ -18,6 +18,12 @@ use crate::kv_index::KvIndex;
 
 const RETRY_MIN: Duration = Duration::from_millis(250);
 const RETRY_MAX: Duration = Duration::from_secs(4);
+/// A verifier sends its load every second: this long without a batch
+/// means the stream is dead (a partition sends no reset).
+const SILENCE: Duration = Duration::from_secs(5);
+/// How long before asking a verifier without KV events again (it may be
+/// upgraded in place).
+const UNIMPLEMENTED_RETRY: Duration = Duration::from_secs(60);
 /// A snapshot is 8 bytes per cached block: 64 MiB is 8 million blocks.
 const MAX_BATCH_BYTES: usize = 64 << 20;
 
@@ -29,7 +35,9 @@ pub async fn watch(endpoint: String, channel: Channel, index: Arc<KvIndex>) {
         match client.subscribe(v1::KvSubscribeRequest {}).await {
             Ok(response) => {
                 let mut batches = response.into_inner();
-                while let Ok(Some(batch)) = batches.message().await {
+                while let Ok(Ok(Some(batch))) =
+                    tokio::time::timeout(SILENCE, batches.message()).await
+                {
                     index.apply(&endpoint, &batch);
                     retry.reset();
                 }
@@ -40,7 +48,9 @@ pub async fn watch(endpoint: String, channel: Channel, index: Arc<KvIndex>) {
                     endpoint,
                     "the verifier publishes no KV events: placing on it without its prefix cache"
                 );
-                return;
+                index.forget(&endpoint);
+                tokio::time::sleep(UNIMPLEMENTED_RETRY).await;
+                continue;
             }
             Err(_) => index.forget(&endpoint),
         }

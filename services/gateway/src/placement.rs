@@ -381,7 +381,7 @@ impl Placer {
         }
         let n = key.prefix.len() as u64;
         let len = verifiers.len().max(1);
-        let start = self.cursor.load(Ordering::Relaxed) % len;
+        let start = self.cursor.fetch_add(1, Ordering::Relaxed) % len;
         // (cost, in flight, rotation) and hits of each eligible verifier
         // the index knows.
         let scored: Vec<((u64, usize, usize), usize, usize)> = verifiers

@@ -308,14 +308,20 @@ fn run(
             prefix,
             span,
             reply,
-        } => prefills.push_back(PrefillJob {
-            reused: session.prefilled(),
-            session,
-            prefix,
-            span,
-            reply,
-            started: Instant::now(),
-        }),
+        } => {
+            let mut job = PrefillJob {
+                reused: session.prefilled(),
+                session,
+                prefix,
+                span,
+                reply,
+                started: Instant::now(),
+            };
+            // What is cached is taken at once, so the shortest-first choice
+            // ranks the job by what it has left to compute.
+            job.catch_up(memory);
+            prefills.push_back(job);
+        }
         Job::Step {
             session,
             tree,

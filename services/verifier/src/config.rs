@@ -68,7 +68,8 @@ pub struct Args {
     /// Context tokens a prefill computes per forward, in the same forward
     /// as the other sessions' steps: they wait at most one chunk's compute
     /// for their next token, however long a new prompt (0: each prompt in
-    /// one piece).
+    /// one piece). Rounded up to a multiple of 16, the prefix cache's
+    /// block.
     #[arg(long, default_value_t = 32)]
     pub prefill_chunk_tokens: usize,
     /// Drafted nodes per tree, at most (the root not counted).

@@ -7,7 +7,7 @@
 
 use tonic::{Code, Status};
 
-use crate::memory::Exhausted;
+use specmesh_kvcache::Exhausted;
 
 /// A failed run.
 #[derive(Debug, thiserror::Error)]

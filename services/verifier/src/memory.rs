@@ -16,7 +16,7 @@ use specmesh_kvcache::{
 };
 use tokio::sync::broadcast;
 
-pub use specmesh_kvcache::Exhausted;
+use specmesh_kvcache::Exhausted;
 
 use crate::validate::ValidRun;
 
@@ -62,6 +62,9 @@ pub struct PrefixKey {
     hashes: Vec<BlockHash>,
     /// Blocks of the session published (or found) so far.
     published: usize,
+    /// Whether the session's KV is published at all (not a last turn's
+    /// with the prefix cache off: it only reads its session's blocks).
+    publish: bool,
 }
 
 fn lock(m: &Mutex<Store>) -> MutexGuard<'_, Store> {
@@ -125,7 +128,9 @@ impl KvMemory {
     /// prefix, so that the room its admission makes does not evict it.
     pub fn key(&self, run: &ValidRun) -> Option<PrefixKey> {
         let key = run.cache_key.as_ref().map(|k| k.key.as_str());
-        self.key_of(&run.tenant, &run.cache_salt, key, &run.tokens)
+        let mut prefix = self.key_of(&run.tenant, &run.cache_salt, key, &run.tokens)?;
+        prefix.publish = self.prefix_cache || run.keep_cache;
+        Some(prefix)
     }
 
     /// [`KvMemory::key`] of a context of `tokens` by `tenant`, with its
@@ -149,6 +154,7 @@ impl KvMemory {
             scope,
             hashes,
             published: 0,
+            publish: true,
         })
     }
 
@@ -179,21 +185,24 @@ impl KvMemory {
     /// call (while its prefill runs).
     pub fn publish_prefill(&self, key: &mut PrefixKey, session: &Session) {
         let upto = (session.prefilled() / BLOCK_TOKENS).min(key.hashes.len());
-        let from = key.published;
-        if upto > from {
-            self.publish(key.scope, &key.hashes, session, from, upto);
-            key.published = upto;
+        if key.publish && upto > key.published {
+            key.published = self.publish(key.scope, &key.hashes, session, key.published, upto);
         }
     }
 
     /// Publishes every complete block of `session`'s committed context
     /// (its end: the prompt and what it decoded), touching those cached.
     pub fn publish_all(&self, key: &PrefixKey, session: &Session) {
+        if !key.publish {
+            return;
+        }
         let committed = &session.tokens()[..session.prefilled()];
         let hashes = block_hashes(key.scope, committed, BLOCK_TOKENS);
         self.publish(key.scope, &hashes, session, 0, hashes.len());
     }
 
+    /// Caches blocks `from..upto` of `session`; returns the end of the run
+    /// cached from `from` (`upto` unless room or a parent ran out).
     fn publish(
         &self,
         scope: Scope,
@@ -201,44 +210,47 @@ impl KvMemory {
         session: &Session,
         from: usize,
         upto: usize,
-    ) {
+    ) -> usize {
         let tokens = session.tokens();
-        let mut store = lock(&self.store);
-        self.publish_locked(&mut store, scope, hashes, session, tokens, from, upto);
-        self.flush(&mut store);
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn publish_locked(
-        &self,
-        store: &mut Store,
-        scope: Scope,
-        hashes: &[BlockHash],
-        session: &Session,
-        tokens: &[u32],
-        from: usize,
-        upto: usize,
-    ) {
-        for i in from..upto {
-            // Exported under the lock: a block is a few hundred KB to a
-            // MB, a copy of well under a millisecond.
-            let data = if store.has(scope, hashes, tokens, i) {
-                Vec::new()
-            } else {
-                match session.export_kv(i * BLOCK_TOKENS, BLOCK_TOKENS) {
-                    Ok(d) => d,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "exporting a block: not cached");
-                        return;
-                    }
+        // Which blocks are missing, then their KV exported without the
+        // lock (the batcher takes it for every prefill chunk), then
+        // inserted in order.
+        let missing: Vec<usize> = {
+            let store = lock(&self.store);
+            (from..upto)
+                .filter(|&i| !store.has(scope, hashes, tokens, i))
+                .collect()
+        };
+        let mut exported = Vec::with_capacity(missing.len());
+        for &i in &missing {
+            match session.export_kv(i * BLOCK_TOKENS, BLOCK_TOKENS) {
+                Ok(d) => exported.push((i, d)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "exporting a block: not cached");
+                    break;
                 }
-            };
-            if !store.insert(scope, hashes, tokens, i, data) {
-                // No room (everything else is reserved) or its parent is
-                // gone: the rest of the chain cannot be cached either.
-                return;
             }
         }
+        let mut exported = exported.into_iter().peekable();
+        let mut store = lock(&self.store);
+        let mut end = from;
+        for i in from..upto {
+            let data = match exported.peek() {
+                Some(&(j, _)) if j == i => exported.next().map(|(_, d)| d).unwrap_or_default(),
+                // Cached when looked at (an empty block is never stored:
+                // `insert` only touches a block it already has).
+                _ => Vec::new(),
+            };
+            if !store.insert(scope, hashes, tokens, i, data) {
+                // No room (everything else is reserved), its parent is
+                // gone or it was evicted since: the rest of the chain
+                // cannot be cached now.
+                break;
+            }
+            end = i + 1;
+        }
+        self.flush(&mut store);
+        end
     }
 
     /// Counts a prefill of `queried` context tokens of which `hit` came

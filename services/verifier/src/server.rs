@@ -124,7 +124,11 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
         BatcherConfig {
             max_batch: config.max_batch,
             window: config.batch_window,
-            prefill_chunk: config.prefill_chunk_tokens,
+            // Whole prefix cache blocks per chunk: a prefill stays on a
+            // block boundary, where it can take blocks others published.
+            prefill_chunk: config
+                .prefill_chunk_tokens
+                .next_multiple_of(specmesh_kvcache::BLOCK_TOKENS),
         },
         goodput::Goodput::new(
             config.goodput_planner,

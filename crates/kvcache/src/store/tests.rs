@@ -121,12 +121,25 @@ fn memory_counts_blocks_still_being_copied() {
     put(&mut s, a, &t);
     let h = block_hashes(a, &t, B);
     let copying = s.lookup(a, &h, &t, 0);
-    // Evicting both blocks cannot free what a copy still holds.
+    // Evicting both blocks cannot free what a copy still holds: refused,
+    // and nothing is evicted for it.
     assert!(s.reserve(BYTES).is_err());
-    assert_eq!(s.usage().blocks, 0);
+    assert_eq!(s.usage().blocks, 2);
     drop(copying);
     s.reserve(BYTES).unwrap();
-    assert_eq!(s.usage().cached, 0);
+    assert_eq!(s.usage().blocks, 1, "one block made room");
+}
+
+#[test]
+fn a_request_too_big_to_fit_evicts_nothing() {
+    let mut s = Store::new(4 * BYTES, B, BYTES);
+    let a = Scope::new("a", "", None);
+    put(&mut s, a, &(0..8).collect::<Vec<u32>>());
+    s.reserve(BYTES).unwrap();
+    // 4 more blocks' worth can never fit beside the reservation.
+    assert!(s.reserve(4 * BYTES).is_err());
+    assert_eq!((s.usage().blocks, s.usage().evicted_blocks), (2, 0));
+    s.check();
 }
 
 #[test]
