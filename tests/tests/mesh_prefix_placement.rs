@@ -172,17 +172,22 @@ async fn follow_ups_go_where_their_history_is_cached() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_verifier_publishes_its_blocks_as_a_snapshot_then_changes() {
-    let cluster = Cluster::start(1, 0, &["--kv-budget-mib", "4"], &[]);
-    let url = cluster.verifier_urls()[0].clone();
-    let mut events = KvEventsClient::connect(url.clone())
+/// The KV events of the verifier at `url`.
+async fn subscribe(url: &str) -> tonic::Streaming<v1::KvEventBatch> {
+    KvEventsClient::connect(url.to_owned())
         .await
         .unwrap()
         .subscribe(v1::KvSubscribeRequest {})
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verifier_publishes_its_blocks_as_a_snapshot_then_changes() {
+    let cluster = Cluster::start(1, 0, &["--kv-budget-mib", "4"], &[]);
+    let url = cluster.verifier_urls()[0].clone();
+    let mut events = subscribe(&url).await;
     let first = events.message().await.unwrap().unwrap();
     assert!(first.snapshot && first.stored.is_empty(), "{first:?}");
     assert_eq!(first.block_tokens, BLOCK_TOKENS as u32);
@@ -239,13 +244,7 @@ async fn a_verifier_publishes_its_blocks_as_a_snapshot_then_changes() {
         );
     }
     // A new subscriber starts from a snapshot of what is held now.
-    let mut again = KvEventsClient::connect(url)
-        .await
-        .unwrap()
-        .subscribe(v1::KvSubscribeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let mut again = subscribe(&url).await;
     let snap = again.message().await.unwrap().unwrap();
     assert!(
         snap.snapshot && !snap.stored.iter().any(|h| want.contains(h)),

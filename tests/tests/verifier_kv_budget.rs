@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use specmesh_e2e::cluster::verifier_stats;
 use specmesh_e2e::model_path;
 use specmesh_e2e::service::Service;
 use specmesh_proto::v1;
@@ -62,14 +63,6 @@ async fn converse(client: &mut VerifierClient<Channel>, i: u32) {
     run(client, tenant, tokens).await;
 }
 
-async fn stats(client: &mut VerifierClient<Channel>) -> v1::VerifierStats {
-    client
-        .stats(v1::StatsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_short_conversations_stay_within_a_small_budget() {
     let n: u32 = std::env::var("SPECMESH_CONVERSATIONS")
@@ -114,7 +107,7 @@ async fn many_short_conversations_stay_within_a_small_budget() {
     for t in tasks {
         t.await.unwrap();
     }
-    let s = stats(&mut client.clone()).await;
+    let s = verifier_stats(&verifier.url).await.expect("verifier stats");
     let rss_end = rss_kib(verifier.pid());
     eprintln!(
         "{n} conversations in {:.1} s; resident {rss_early} KiB after {}, {rss_end} KiB at the end; {s:?}",

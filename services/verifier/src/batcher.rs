@@ -25,6 +25,8 @@ use crate::batch_metrics::Phase;
 use crate::error::VerifierError;
 use crate::goodput::{Goodput, Granted, SessionPlanning};
 use crate::memory::{KvMemory, PrefixKey};
+pub use prefill::PrefillDone;
+use prefill::{PrefillJob, finish_prefill, next_prefill, prefill_alone};
 
 /// A gap between forwards longer than this is idle time, not a step's.
 const MAX_STEP_GAP: Duration = Duration::from_secs(1);
@@ -70,14 +72,6 @@ fn batch_wait(window: Duration, forward_secs: f64) -> Duration {
     window.max(Duration::from_secs_f64(
         MAX_WAIT_FRACTION * forward_secs.max(0.0),
     ))
-}
-
-pub struct PrefillDone {
-    pub session: Box<Session>,
-    /// The session's prefix key, back for publishing its end.
-    pub prefix: Option<PrefixKey>,
-    /// Context tokens taken from the prefix cache, and seconds.
-    pub result: Result<(usize, f64), VerifierError>,
 }
 
 pub struct StepDone {
@@ -206,85 +200,6 @@ struct StepJob {
     grant: Option<Granted>,
 }
 
-/// A prefill in progress: computed a chunk at a time, between batches.
-struct PrefillJob {
-    session: Box<Session>,
-    prefix: Option<PrefixKey>,
-    span: tracing::Span,
-    reply: oneshot::Sender<PrefillDone>,
-    /// Context tokens taken from the prefix cache so far.
-    reused: usize,
-    started: Instant,
-}
-
-impl PrefillJob {
-    /// Takes what the prefix cache holds past this prefill's progress
-    /// (what other prefills published since it last looked).
-    fn catch_up(&mut self, memory: &KvMemory) {
-        if let Some(key) = self.prefix.as_mut() {
-            let t0 = Instant::now();
-            let taken = memory.import(key, &mut self.session);
-            if taken > 0 {
-                self.reused += taken;
-                tracing::debug!(
-                    parent: &self.span,
-                    tokens = taken,
-                    ms = t0.elapsed().as_secs_f64() * 1e3,
-                    "prefix cache hit"
-                );
-            }
-        }
-    }
-
-    /// Publishes the blocks completed by the last chunk.
-    fn publish(&mut self, memory: &KvMemory) {
-        publish(&mut self.prefix, &self.session, memory);
-    }
-
-    /// Which prefill runs next: the fewest tokens left, weighed by how
-    /// long each has waited (tokens left / (1 + seconds waited)), so a
-    /// follow-up's few new tokens are not held behind another session's
-    /// long prompt, and a long prompt is not starved by a stream of short
-    /// ones.
-    fn priority(&self, now: Instant) -> f64 {
-        let waited = now.saturating_duration_since(self.started).as_secs_f64();
-        self.session.prefill_left() as f64 / (1.0 + waited)
-    }
-}
-
-fn publish(prefix: &mut Option<PrefixKey>, session: &Session, memory: &KvMemory) {
-    if let Some(key) = prefix.as_mut() {
-        memory.publish_prefill(key, session);
-    }
-}
-
-/// Puts the prefill to run next at the front, after dropping those whose
-/// caller left and answering those the prefix cache completed.
-fn next_prefill(prefills: &mut VecDeque<PrefillJob>, memory: &KvMemory) {
-    loop {
-        // A prefill whose caller left is not computed any further.
-        prefills.retain(|p| !p.reply.is_closed());
-        let now = Instant::now();
-        let Some(best) = (0..prefills.len()).min_by(|&a, &b| {
-            prefills[a]
-                .priority(now)
-                .total_cmp(&prefills[b].priority(now))
-        }) else {
-            return;
-        };
-        if best != 0 {
-            let job = prefills.remove(best).expect("a queued prefill");
-            prefills.push_front(job);
-        }
-        let front = prefills.front_mut().expect("the chosen prefill");
-        front.catch_up(memory);
-        if front.session.prefill_left() > 0 {
-            return;
-        }
-        finish_prefill(prefills, Ok(()), memory);
-    }
-}
-
 /// When the last forward ended, while nothing but steps ran since: the
 /// next forward's start then measures a step's non-forward time.
 type LastForward = Option<Instant>;
@@ -388,7 +303,7 @@ fn run(
         };
         if steps.is_empty() {
             // No step to ride with: one chunk of the oldest prefill alone.
-            prefill_alone(model, &mut prefills, chunk, counters, memory);
+            prefill_alone(model, &mut prefills, chunk, &counters.metrics, memory);
             // A chunk ran between two forwards: that gap is not a step's.
             last_forward = None;
             continue;
@@ -423,7 +338,7 @@ fn run(
             // The fused forward failed and its steps ran without the
             // chunk: the chunk alone now answers its prefill (an error
             // fails that prefill, not the others' steps).
-            prefill_alone(model, &mut prefills, chunk, counters, memory);
+            prefill_alone(model, &mut prefills, chunk, &counters.metrics, memory);
             last_forward = None;
         } else if let Some(p) = prefills.front_mut() {
             p.publish(memory);
@@ -434,55 +349,12 @@ fn run(
     }
 }
 
-/// One chunk of the oldest prefill in a forward of its own.
-fn prefill_alone(
-    model: &Model,
-    prefills: &mut VecDeque<PrefillJob>,
-    chunk: usize,
-    counters: &Counters,
-    memory: &KvMemory,
-) {
-    let chunked = prefills.front_mut().map(|job| {
-        let _e = job.span.enter();
-        let _c = tracing::info_span!("prefill_chunk", from = job.session.prefilled()).entered();
-        let before = job.session.prefilled();
-        let chunked = job.session.prefill_chunk(model, chunk);
-        let done = job.session.prefilled().saturating_sub(before);
-        counters.metrics.prefill_tokens.inc_by(done as u64);
-        publish(&mut job.prefix, &job.session, memory);
-        chunked
-    });
-    match chunked {
-        None | Some(Ok(false)) => {}
-        Some(Ok(true)) => finish_prefill(prefills, Ok(()), memory),
-        Some(Err(e)) => finish_prefill(prefills, Err(VerifierError::Model(e.to_string())), memory),
-    }
-}
-
 /// A prefill's chunk riding in a batch of steps.
 struct Fused<'a> {
     job: &'a mut PrefillJob,
     chunk: usize,
     /// Set when the forward failed with the chunk in it.
     failed: &'a mut bool,
-}
-
-/// Answers the front prefill, done or failed.
-fn finish_prefill(
-    prefills: &mut VecDeque<PrefillJob>,
-    result: Result<(), VerifierError>,
-    memory: &KvMemory,
-) {
-    let job = prefills.pop_front().expect("the front job");
-    if result.is_ok() {
-        memory.record_query(job.session.tokens().len() - 1, job.reused);
-    }
-    let result = result.map(|()| (job.reused, job.started.elapsed().as_secs_f64()));
-    let _ = job.reply.send(PrefillDone {
-        session: job.session,
-        prefix: job.prefix,
-        result,
-    });
 }
 
 /// Plans, verifies and answers one batch of steps.
@@ -678,6 +550,8 @@ fn verify(
 fn micros(secs: f64) -> u32 {
     (secs * 1e6).round().clamp(0.0, f64::from(u32::MAX)) as u32
 }
+
+mod prefill;
 
 #[cfg(test)]
 mod tests;

@@ -110,6 +110,19 @@ pub struct CompletionRequest {
     pub common: Common,
 }
 
+/// An optional string parameter of ours (`tenant`, `cache_salt`): absent
+/// or null is empty; its bounds are the gRPC API's, checked there.
+fn optional_string(name: &'static str, value: Option<&Value>) -> Result<String, BadRequest> {
+    match value.filter(|v| !v.is_null()) {
+        None => Ok(String::new()),
+        Some(Value::String(t)) => Ok(t.clone()),
+        Some(other) => Err(BadRequest::new(
+            name,
+            format!("`{name}` must be a string, got {other}"),
+        )),
+    }
+}
+
 /// Parameters accepted with the value that turns them off, and ignored
 /// ones that only label a request.
 fn unsupported(rest: &Map<String, Value>) -> Result<(), BadRequest> {
@@ -245,27 +258,8 @@ impl Common {
                 ));
             }
         };
-        // Its bounds are the gRPC API's, checked there.
-        let tenant = match self.tenant.as_ref().filter(|v| !v.is_null()) {
-            None => String::new(),
-            Some(Value::String(t)) => t.clone(),
-            Some(other) => {
-                return Err(BadRequest::new(
-                    "tenant",
-                    format!("`tenant` must be a string, got {other}"),
-                ));
-            }
-        };
-        let cache_salt = match self.cache_salt.as_ref().filter(|v| !v.is_null()) {
-            None => String::new(),
-            Some(Value::String(t)) => t.clone(),
-            Some(other) => {
-                return Err(BadRequest::new(
-                    "cache_salt",
-                    format!("`cache_salt` must be a string, got {other}"),
-                ));
-            }
-        };
+        let tenant = optional_string("tenant", self.tenant.as_ref())?;
+        let cache_salt = optional_string("cache_salt", self.cache_salt.as_ref())?;
         Ok(v1::GenerateRequest {
             input: Some(input),
             max_new_tokens,
