@@ -188,6 +188,11 @@ fn production_runs_mutual_tls_and_api_keys() {
             "verifier",
         ),
         (
+            setting(drafter, "SPECMESH_DRAFTER_KV_EVENTS_ALLOW_SAN"),
+            "SPECMESH_DRAFTER_KV_EVENTS_ALLOW_SAN",
+            "gateway",
+        ),
+        (
             setting(verifier, "SPECMESH_VERIFIER_DRAFTER_TLS_NAME"),
             "SPECMESH_VERIFIER_DRAFTER_TLS_NAME",
             "drafter",

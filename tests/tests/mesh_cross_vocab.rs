@@ -25,7 +25,15 @@ fn mesh() -> Mesh {
         std::path::Path::new("qwen2.5-coder-1.5b"),
         FLAT_CURVE,
         &model_path(),
-        &[],
+        // A tree has only the batch's wait to be drafted in, and the
+        // drafter drafts no level that would miss it: under the suite's
+        // load the draft model's trees then shrink to nothing accepted.
+        // These tests are about what trees do, not when they arrive (as
+        // the self-draft meshes').
+        &[
+            ("SPECMESH_VERIFIER_BATCH_WINDOW_US", "30000"),
+            ("SPECMESH_VERIFIER_GOODPUT_PLANNER", "false"),
+        ],
     )
 }
 

@@ -140,14 +140,14 @@ async fn follow_ups_go_where_their_history_is_cached() {
         predicted > 0.0 && actual >= predicted,
         "predicted {predicted}, actual {actual}"
     );
-    assert!(metric(&metrics, "specmesh_kv_index_blocks", "") > 0.0);
+    assert!(metric(&metrics, "specmesh_kv_index_blocks", "role=\"verifier\"") > 0.0);
 
     // A crashed gateway's successor learns the caches from the verifiers'
     // snapshots: turn 3 still finds its history.
     cluster.restart_gateway();
     client = cluster.client().await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&metrics, "specmesh_kv_index_blocks", "") == 0.0 {
+    while metric(&metrics, "specmesh_kv_index_blocks", "role=\"verifier\"") == 0.0 {
         assert!(Instant::now() < deadline, "the new gateway indexed nothing");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -30,17 +30,21 @@ pub enum Transport {
 }
 
 /// Speculation for a pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
     Off,
     Auto,
+    /// The drafters' draft model alone (`--draft-model`).
+    DraftModel,
 }
 
 impl Mode {
+    /// As the OpenAI front's `speculation` field takes it.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Off => "off",
             Mode::Auto => "auto",
+            Mode::DraftModel => "draft-model",
         }
     }
 }
@@ -222,6 +226,7 @@ fn request(ask: &Ask<'_>) -> v1::GenerateRequest {
     let mode = match ask.mode {
         Mode::Off => v1::SpeculationMode::Off,
         Mode::Auto => v1::SpeculationMode::Unspecified,
+        Mode::DraftModel => v1::SpeculationMode::DraftModel,
     };
     let messages = ask.messages.iter().map(|m| (m.role, m.content.as_str()));
     let mut request = grpc::chat_request(messages, ask.max_new, mode, ask.tenant);

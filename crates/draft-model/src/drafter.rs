@@ -193,6 +193,36 @@ impl ModelDrafter {
         self.cached.len()
     }
 
+    /// The tokens whose K/V the drafter holds, in position order: the
+    /// context it last caught up on, then possibly a drafted stem the
+    /// target has not (yet) accepted.
+    pub fn cached_tokens(&self) -> &[u32] {
+        &self.cached
+    }
+
+    /// Appends the K/V of `tokens`, computed elsewhere by the same model
+    /// (a prefix cache), after what the drafter holds: the next propose
+    /// feeds only what follows them. `data` is [`Self::export_kv`]'s
+    /// layout for `tokens.len()` tokens.
+    pub fn import_kv(&mut self, tokens: &[u32], data: &[f32]) -> Result<(), ModelError> {
+        let per = self.seq.floats_per_token();
+        if data.len() != tokens.len() * per {
+            return Err(ModelError::InvalidCommit(format!(
+                "imported KV holds {} floats, not {} tokens of {per}",
+                data.len(),
+                tokens.len()
+            )));
+        }
+        self.seq.import(data)?;
+        self.cached.extend_from_slice(tokens);
+        Ok(())
+    }
+
+    /// The K/V of held tokens `start..start + n`, for a prefix cache.
+    pub fn export_kv(&self, start: usize, n: usize) -> Result<Vec<f32>, ModelError> {
+        self.seq.export(start, n)
+    }
+
     pub fn model(&self) -> &Arc<Model> {
         &self.model
     }

@@ -336,6 +336,46 @@ fn sampled_children_follow_the_attached_distribution() {
 }
 
 #[test]
+fn a_drafter_seeded_with_cached_kv_drafts_as_one_that_prefilled() {
+    let Some(f) = fixture() else { return };
+    let tokens = prompt(f);
+    let limits = TreeLimits::new(24, 4, vocab(f));
+    let full = |seed: &mut ModelDrafter| seed.propose(&ctx(&tokens, tokens.len(), limits));
+    let mut prefilled = ModelDrafter::new(
+        f.model.clone(),
+        SamplingParams::greedy(),
+        vocab(f),
+        DraftOptions::default(),
+    )
+    .unwrap();
+    let expected = full(&mut prefilled);
+    // The prefix a cache would hold: whole blocks of the context before
+    // the root.
+    let held = (tokens.len() - 1) / 4 * 4;
+    assert!(held >= 4, "the prompt is long enough to share a block");
+    let kv = prefilled.export_kv(0, held).unwrap();
+    let mut seeded = ModelDrafter::new(
+        f.model.clone(),
+        SamplingParams::greedy(),
+        vocab(f),
+        DraftOptions::default(),
+    )
+    .unwrap();
+    let err = seeded.import_kv(&tokens[..held], &kv[..kv.len() - 1]);
+    assert!(err.is_err(), "KV of the wrong size is refused");
+    assert_eq!(seeded.cached_len(), 0, "and nothing is taken");
+    seeded.import_kv(&tokens[..held], &kv).unwrap();
+    assert_eq!(seeded.cached_tokens(), &tokens[..held]);
+    let got = full(&mut seeded);
+    assert_eq!(got, expected, "the same tree as after a whole prefill");
+    assert_eq!(
+        seeded.stats().context_tokens as usize,
+        tokens.len() - held,
+        "only the rest of the context was fed"
+    );
+}
+
+#[test]
 fn vocab_check_accepts_the_same_tokenizer_and_names_a_difference() {
     let Some(f) = fixture() else { return };
     let again = Tokenizer::from_gguf_path(&model_path()).unwrap();

@@ -317,6 +317,9 @@ impl Mesh {
             if let Some(n) = mesh.draft_head_tokens {
                 drafter_args.extend(["--draft-head-tokens".into(), n.to_string()]);
             }
+            if let Some(mib) = mesh.draft_kv_budget_mib {
+                drafter_args.extend(["--draft-kv-budget-mib".into(), mib.to_string()]);
+            }
         }
         if let Some(c) = &mesh.drafter_cpus {
             drafter_args.extend(["--cpus".into(), c.clone()]);

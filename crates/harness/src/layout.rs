@@ -50,6 +50,11 @@ pub struct MeshArgs {
     /// (`specmesh-drafter --draft-head-tokens`; 0: all).
     #[arg(long, requires = "draft_model")]
     pub draft_head_tokens: Option<usize>,
+    /// Memory for the draft model's KV kept by prefix, in MiB
+    /// (`specmesh-drafter --draft-kv-budget-mib`; default: the drafter's;
+    /// 0: none).
+    #[arg(long, requires = "draft_model")]
+    pub draft_kv_budget_mib: Option<u64>,
     /// The verifiers' prefix cache (`specmesh-verifier --prefix-cache`):
     /// `false` reuses KV only within a `session_id`.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -82,6 +87,7 @@ impl Default for MeshArgs {
             drafter_threads: None,
             draft_ahead: false,
             draft_head_tokens: None,
+            draft_kv_budget_mib: None,
             prefix_cache: true,
             kv_budget_mib: None,
             start_timeout_secs: 300,

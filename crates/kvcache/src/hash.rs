@@ -54,6 +54,25 @@ pub fn block_hashes(scope: Scope, tokens: &[u32], block_tokens: usize) -> Vec<Bl
         .collect()
 }
 
+/// Extends `hashes`, the hashes of the first blocks of `tokens`, to every
+/// full block of `tokens` (hashing only the new ones: a growing context
+/// is hashed once in all).
+pub fn extend_block_hashes(
+    scope: Scope,
+    hashes: &mut Vec<BlockHash>,
+    tokens: &[u32],
+    block_tokens: usize,
+) {
+    let mut parent = hashes.last().copied().unwrap_or(scope.seed());
+    let done = hashes.len() * block_tokens;
+    if let Some(rest) = tokens.get(done..) {
+        for block in rest.chunks_exact(block_tokens) {
+            parent = chain(parent, block);
+            hashes.push(parent);
+        }
+    }
+}
+
 /// The hash of a block after `parent`.
 pub(crate) fn chain(parent: u64, block: &[u32]) -> BlockHash {
     let mut h = Fnv::new();
@@ -135,6 +154,17 @@ mod tests {
             for b in &scopes[i + 1..] {
                 assert_ne!(a, b);
             }
+        }
+    }
+
+    #[test]
+    fn extending_hashes_equals_hashing_the_whole() {
+        let scope = Scope::new("t", "", None);
+        let tokens: Vec<u32> = (0..53).collect();
+        let mut hashes = Vec::new();
+        for end in [0, 7, 16, 17, 40, 53] {
+            extend_block_hashes(scope, &mut hashes, &tokens[..end], 8);
+            assert_eq!(hashes, block_hashes(scope, &tokens[..end], 8));
         }
     }
 

@@ -24,7 +24,7 @@
 mod hash;
 mod store;
 
-pub use hash::{BlockHash, Scope, block_hashes};
+pub use hash::{BlockHash, Scope, block_hashes, extend_block_hashes};
 pub use store::{BlockEvent, Exhausted, KvBlock, Store, StoreUsage};
 
 /// Tokens per block: a hit reuses whole blocks only, so at most this many

@@ -21,7 +21,7 @@ pub use limits::{MAX_TREE_SPAN, last_step};
 pub use run::{CacheKey, RunDraft, RunSpec};
 pub use sampling::check_top_k;
 pub use start::{
-    ANONYMOUS_TENANT, CurveFallback, MAX_MODEL_NAME_BYTES, StartSpec, TargetModel,
+    ANONYMOUS_TENANT, CacheScope, CurveFallback, MAX_MODEL_NAME_BYTES, StartSpec, TargetModel,
     sources_from_wire,
 };
 

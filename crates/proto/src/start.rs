@@ -60,6 +60,17 @@ pub struct StartSpec {
     /// The session's output ends within this many tokens past
     /// `prompt_len`; `None`: unknown.
     pub max_new_tokens: Option<usize>,
+    /// Where the draft model's KV of this session may be found and shared.
+    pub cache_scope: CacheScope,
+}
+
+/// The scope of a prefix cache as the gateway hashes it: the tenant as
+/// sent (empty for the anonymous tenant, unlike [`StartSpec::tenant`]) and
+/// the request's `cache_salt`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheScope {
+    pub tenant: String,
+    pub salt: String,
 }
 
 /// The verifier's target model, as a drafter checks its draft model
@@ -156,9 +167,11 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             first_step,
             prediction,
             max_new_tokens,
+            cache_salt,
         } = start;
         check_id("start.session_id", &session_id)?;
         check_id("start.tenant", &tenant)?;
+        check_id("start.cache_salt", &cache_salt)?;
         let sources = sources_from_wire("start.sources", sources)?;
         if target_model.len() > MAX_MODEL_NAME_BYTES {
             return Err(FieldError::new(
@@ -215,6 +228,10 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             Ok(curve) => (curve, None),
             Err(why) => (CostCurve::cpu_default(), Some(why)),
         };
+        let cache_scope = CacheScope {
+            tenant: tenant.clone(),
+            salt: cache_salt,
+        };
         let tenant = if tenant.is_empty() {
             TenantKey::new(ANONYMOUS_TENANT)
         } else {
@@ -238,6 +255,7 @@ impl TryFrom<v1::DraftStart> for StartSpec {
             first_step,
             prediction,
             max_new_tokens: (max_new_tokens > 0).then_some(max_new_tokens as usize),
+            cache_scope,
         })
     }
 }

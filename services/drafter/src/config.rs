@@ -53,6 +53,12 @@ pub struct Args {
     /// stream would hold a session slot (DEADLINE_EXCEEDED).
     #[arg(long, default_value_t = 30)]
     pub start_timeout_secs: u64,
+    /// Certificate identities (SANs), besides `--tls-allow-san`'s, that may
+    /// subscribe to the draft model's KV events (`KvEvents.Subscribe`, for
+    /// the gateways' drafter placement), e.g. `specmesh-gateway`. Without
+    /// `--tls-allow-san` any client of the mesh CA may.
+    #[arg(long, value_delimiter = ',')]
+    pub kv_events_allow_san: Vec<String>,
     /// A draft model: a catalog name (`specmesh model list`) or a GGUF
     /// file, of the target's vocabulary or (with `--target-tokenizer`) of
     /// another, drafting through text; unset: model-free drafting only.
@@ -87,6 +93,15 @@ pub struct Args {
     /// draft model-free (each holds a KV cache of its context).
     #[arg(long, default_value_t = 64)]
     pub draft_model_sessions: usize,
+    /// Memory for the draft model's KV kept by prefix (default 512): a
+    /// session finds the longest cached prefix of its context (within its
+    /// tenant and `cache_salt`) and the draft model computes only the
+    /// rest, so a conversation's later turns do not prefill the whole
+    /// history in the draft model either. Least recently used blocks go
+    /// first; 0 keeps nothing. Draft models of the target's vocabulary
+    /// only (one drafting through text keeps no cache).
+    #[arg(long, value_name = "MIB")]
+    pub draft_kv_budget_mib: Option<u64>,
     /// While the verifier verifies a draft model's tree, draft the next one
     /// on the guess that the tree's best path is accepted (the guessed
     /// next tokens are that path's children), so a right guess is answered
@@ -134,6 +149,8 @@ pub struct Config {
     pub pipeline: bool,
     pub shutdown_grace: Duration,
     pub start_timeout: Duration,
+    /// Identities besides `tls.tls_allow_san` admitted to `KvEvents`.
+    pub kv_events_allow_san: Vec<String>,
     /// The optional model drafter.
     pub draft_model: Option<DraftModelConfig>,
 }
@@ -155,6 +172,8 @@ pub struct DraftModelConfig {
     pub isa: Option<specmesh_model::Isa>,
     /// Sessions drafting with the model at once.
     pub max_sessions: usize,
+    /// Bytes of the draft model's KV kept by prefix (0: none).
+    pub kv_budget_bytes: u64,
     /// Draft the next tree during the verification of the last (see
     /// `Args::draft_ahead`).
     pub draft_ahead: bool,
@@ -179,10 +198,16 @@ impl Default for Config {
             pipeline: true,
             shutdown_grace: Duration::from_secs(20),
             start_timeout: Duration::from_secs(30),
+            kv_events_allow_san: Vec::new(),
             draft_model: None,
         }
     }
 }
+
+/// `--draft-kv-budget-mib` when not given.
+pub const DEFAULT_DRAFT_KV_BUDGET_MIB: u64 = 512;
+/// 1 TiB: past any drafter's memory, short of overflowing bytes.
+const MAX_DRAFT_KV_BUDGET_MIB: usize = 1 << 20;
 
 fn at_least(flag: &'static str, value: usize, min: usize) -> Result<usize, FlagError> {
     in_range(flag, value, min, usize::MAX)
@@ -214,6 +239,13 @@ impl TryFrom<Args> for Config {
                     .transpose()?,
                 isa: a.draft_model_isa,
                 max_sessions: at_least("draft-model-sessions", a.draft_model_sessions, 1)?,
+                kv_budget_bytes: (in_range(
+                    "draft-kv-budget-mib",
+                    a.draft_kv_budget_mib.unwrap_or(DEFAULT_DRAFT_KV_BUDGET_MIB) as usize,
+                    0,
+                    MAX_DRAFT_KV_BUDGET_MIB,
+                )? as u64)
+                    << 20,
                 draft_ahead: a.draft_ahead,
                 head_tokens: (a.draft_head_tokens > 0).then_some(a.draft_head_tokens),
                 token_ranking: a.token_ranking,
@@ -227,6 +259,7 @@ impl TryFrom<Args> for Config {
                     ("draft-ahead", a.draft_ahead),
                     ("draft-head-tokens", a.draft_head_tokens > 0),
                     ("draft-model-sha256", a.draft_model_sha256.is_some()),
+                    ("draft-kv-budget-mib", a.draft_kv_budget_mib.is_some()),
                     ("token-ranking", a.token_ranking.is_some()),
                 ];
                 if let Some((flag, _)) = orphan.iter().find(|(_, set)| *set) {
@@ -246,6 +279,7 @@ impl TryFrom<Args> for Config {
             pipeline: a.pipeline,
             shutdown_grace: Duration::from_secs(a.server.shutdown_grace_secs),
             start_timeout: Duration::from_secs(a.start_timeout_secs),
+            kv_events_allow_san: a.kv_events_allow_san,
             draft_model,
         })
     }
@@ -288,6 +322,13 @@ mod tests {
         let m = c.draft_model.unwrap();
         assert_eq!(m.self_draft_layers, Some(4));
         assert_eq!(m.max_sessions, 64);
+        assert_eq!(m.kv_budget_bytes, DEFAULT_DRAFT_KV_BUDGET_MIB << 20);
+        let m = parse(&["--draft-model", "m", "--draft-kv-budget-mib", "0"]).unwrap();
+        assert_eq!(m.draft_model.unwrap().kv_budget_bytes, 0, "0: no cache");
+        let e = parse(&["--draft-kv-budget-mib", "64"])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "`--draft-kv-budget-mib` needs `--draft-model`");
     }
 
     #[test]

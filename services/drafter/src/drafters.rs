@@ -21,6 +21,10 @@
 //! model-free candidates under one node the distributions are dropped and
 //! the verifier's probability-free rule applies, lossless too.
 //!
+//! A session whose draft model keeps its KV by prefix starts from the
+//! longest cached prefix of its context and publishes what the model
+//! computes of the committed context ([`crate::prefix`]).
+//!
 //! A session's output joins the global index when its stream ends (see
 //! [`DrafterSet::index_output`]): written from the drafter's own context,
 //! which also holds the tokens committed on steps where the verifier did
@@ -41,6 +45,7 @@ use specmesh_tree::merge;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::model::{DraftModel, ForwardCost, ModelRefusal};
+use crate::prefix::{DraftKv, SessionPrefix};
 
 /// The process-wide drafting state every session draws on.
 #[derive(Debug)]
@@ -62,6 +67,11 @@ impl DrafterSet {
         DrafterSet { index, model }
     }
 
+    /// The draft model's KV cache by prefix, when it keeps one.
+    pub fn draft_kv(&self) -> Option<&DraftKv> {
+        self.model.as_ref().and_then(DraftModel::kv)
+    }
+
     /// The drafter of the session `spec` starts; see [`Self::for_session`].
     /// A prediction joins the model-free drafters.
     pub fn for_spec(&self, spec: &StartSpec) -> Result<SessionDrafter, ModelRefusal> {
@@ -78,6 +88,16 @@ impl DrafterSet {
                 spec.prompt_len,
                 PredictedConfig::default(),
             )));
+        }
+        // The draft model starts from the longest prefix of the context
+        // it has cached (blocking: copies up to the whole context's KV).
+        if let (Some(kv), Some((SessionModel::Same(m), _))) = (
+            self.model.as_ref().and_then(DraftModel::kv),
+            drafter.model.as_mut(),
+        ) {
+            let (prefix, taken) = kv.seed(&spec.cache_scope, &spec.tokens, m);
+            drafter.prefix = Some(prefix);
+            drafter.lookup = Some((spec.tokens.len() - 1, taken));
         }
         Ok(drafter)
     }
@@ -132,6 +152,8 @@ impl DrafterSet {
             model,
             arms,
             cost,
+            prefix: None,
+            lookup: None,
         })
     }
 
@@ -241,6 +263,11 @@ pub struct SessionDrafter {
     arms: Vec<Arm>,
     /// What the draft model's forwards cost, when measured.
     cost: Option<ForwardCost>,
+    /// Where the draft model's KV is published by prefix, when it is.
+    prefix: Option<SessionPrefix>,
+    /// Context tokens looked up in the draft model's cache at the start,
+    /// and of those found; `None`: no lookup.
+    lookup: Option<(usize, usize)>,
 }
 
 impl fmt::Debug for SessionDrafter {
@@ -279,6 +306,23 @@ impl SessionDrafter {
         }
     }
 
+    /// Context tokens the session looked up in the draft model's cache
+    /// when it started, and of those found; `None` when it did not (no
+    /// draft model, no cache, or no model slot).
+    pub fn prefix_lookup(&self) -> Option<(usize, usize)> {
+        self.lookup
+    }
+
+    /// Publishes the blocks of the committed context `ctx` the draft model
+    /// holds after a propose.
+    fn publish(&mut self, ctx: &DraftContext<'_>) {
+        if let (Some(prefix), Some((SessionModel::Same(m), _))) =
+            (self.prefix.as_mut(), self.model.as_ref())
+        {
+            prefix.publish(m, ctx.tokens);
+        }
+    }
+
     /// The arms the session's policy chooses among; never empty.
     pub fn arms(&self) -> &[Arm] {
         &self.arms
@@ -291,13 +335,18 @@ impl SessionDrafter {
             .map_or_else(DrafterStats::default, |(m, _)| m.stats())
     }
 
-    /// A tree for `ctx` drafted the way `arm` says. An arm that needs the
-    /// model the session does not have drafts model-free.
+    /// A tree for `ctx` (the committed context) drafted the way `arm`
+    /// says. An arm that needs the model the session does not have drafts
+    /// model-free.
     pub fn propose(&mut self, arm: Arm, ctx: &DraftContext<'_>) -> TokenTree {
         let model = self.model.as_mut().map(|(m, _)| m);
         match (arm, model) {
             (Arm::ModelFree, _) | (_, None) => self.free.propose(ctx),
-            (Arm::Model, Some(m)) => m.propose(ctx),
+            (Arm::Model, Some(m)) => {
+                let drafted = m.propose(ctx);
+                self.publish(ctx);
+                drafted
+            }
             (Arm::Combined, Some(m)) => {
                 let drafted = m.propose(ctx);
                 self.with_model_tree(Arm::Combined, ctx, drafted)
@@ -311,21 +360,23 @@ impl SessionDrafter {
         self.model.as_ref().map(|(m, _)| m.cancel_handle())
     }
 
-    /// The draft model's own tree for `ctx` (drafting ahead); `None`
-    /// without a model.
+    /// The draft model's own tree for `ctx` (drafting ahead: a guessed
+    /// context, so nothing is published); `None` without a model.
     pub fn propose_model(&mut self, ctx: &DraftContext<'_>) -> Option<TokenTree> {
         self.model.as_mut().map(|(m, _)| m.propose(ctx))
     }
 
-    /// `arm`'s tree for `ctx` when the draft model's part of it, `drafted`,
-    /// is already there (drafted ahead): the combined arm merges it with
-    /// the model-free drafters' tree, as [`Self::propose`] does.
+    /// `arm`'s tree for `ctx` (the committed context) when the draft
+    /// model's part of it, `drafted`, is already there (drafted ahead):
+    /// the combined arm merges it with the model-free drafters' tree, as
+    /// [`Self::propose`] does.
     pub fn with_model_tree(
         &mut self,
         arm: Arm,
         ctx: &DraftContext<'_>,
         drafted: TokenTree,
     ) -> TokenTree {
+        self.publish(ctx);
         if arm != Arm::Combined {
             return drafted;
         }

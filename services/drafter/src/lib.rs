@@ -22,6 +22,7 @@ mod drafters;
 mod error;
 mod metrics;
 mod model;
+mod prefix;
 mod server;
 mod service;
 mod session;

@@ -9,7 +9,8 @@
 //! than race; each session keeps its own KV [`Sequence`] inside its
 //! [`ModelDrafter`]. That KV memory is why at most
 //! [`DraftModelConfig::max_sessions`] sessions draft with the model at
-//! once; the rest draft model-free.
+//! once; the rest draft model-free. Their KV outlives them by prefix in
+//! [`DraftKv`] (see [`crate::prefix`]).
 //!
 //! [`Sequence`]: specmesh_model::Sequence
 //! [`ModelDrafter`]: specmesh_draft_model::ModelDrafter
@@ -24,6 +25,7 @@ use specmesh_tokenizer::{Tokenizer, TokenizerError};
 use tokio::sync::Semaphore;
 
 use crate::config::DraftModelConfig;
+use crate::prefix::DraftKv;
 
 /// Why the draft model could not be set up; the process refuses to start.
 /// Each variant's `source` holds the cause (print with `{:#}` or walk
@@ -150,6 +152,9 @@ pub struct DraftModel {
     /// Set when the draft model's vocabulary is not the target's: it
     /// drafts through text for the target tokenizer given at start.
     bridge: Option<Bridged>,
+    /// Its KV kept by prefix; `None` with `--draft-kv-budget-mib 0` or
+    /// through text (the cache is keyed by the target's tokens).
+    kv: Option<DraftKv>,
 }
 
 /// The text bridge and the fingerprint of its target tokenizer (computed
@@ -308,6 +313,8 @@ impl DraftModel {
             sessions = cfg.max_sessions,
             "draft model loaded"
         );
+        let kv = (bridge.is_none() && cfg.kv_budget_bytes > 0)
+            .then(|| DraftKv::new(cfg.kv_budget_bytes, model.kv_bytes_per_token() as u64));
         Ok(DraftModel {
             model: Arc::new(model),
             name,
@@ -315,12 +322,18 @@ impl DraftModel {
             cost,
             slots: Arc::new(Semaphore::new(cfg.max_sessions)),
             bridge,
+            kv,
         })
     }
 
     /// The text bridge, when the draft model drafts through text.
     pub fn bridge(&self) -> Option<&Arc<TextBridge>> {
         self.bridge.as_ref().map(|b| &b.bridge)
+    }
+
+    /// Its KV cache by prefix, when it keeps one.
+    pub fn kv(&self) -> Option<&DraftKv> {
+        self.kv.as_ref()
     }
 
     /// What its forwards cost, when measured.

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use specmesh_kvevents::KvEventsService;
 use specmesh_proto::v1::drafter_server::{DrafterServer, SERVICE_NAME};
+use specmesh_proto::v1::kv_events_server::KvEventsServer;
 use specmesh_server::{Built, ClientAuth, Drain, Endpoints, Security, ServerArgs};
 use tokio::sync::{Semaphore, watch};
 use tonic::service::interceptor::InterceptedService;
@@ -19,6 +21,7 @@ use tonic::service::interceptor::InterceptedService;
 use crate::config::{Args, Config, SERVICE};
 use crate::drafters::DrafterSet;
 use crate::model::DraftModel;
+use crate::prefix::DraftKv;
 use crate::service::DraftService;
 use crate::state::State;
 use crate::stats::Stats;
@@ -96,16 +99,44 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built<Arc<
         config.max_context_tokens.saturating_mul(2),
         MESSAGE_OVERHEAD,
     );
-    let service = DrafterServer::new(DraftService::new(state))
+    let service = DrafterServer::new(DraftService::new(Arc::clone(&state)))
         .max_decoding_message_size(limit)
         .max_encoding_message_size(MESSAGE_OVERHEAD);
     let service = InterceptedService::new(service, security.authorize());
+    // The draft model's cache by prefix, for the gateways' drafter
+    // placement; an empty one without it (nothing to find, no warning).
+    let kv = state
+        .drafters
+        .draft_kv()
+        .cloned()
+        .unwrap_or_else(|| DraftKv::new(0, 0));
+    let open = Arc::clone(&stats);
+    // The gateways subscribe as well as the verifiers: their identities
+    // join the allowlist (none: any client of the mesh CA, as for drafts).
+    let allowed = &config.tls.tls_allow_san;
+    let events_auth = if allowed.is_empty() {
+        security.authorize()
+    } else {
+        let names: Vec<String> = allowed
+            .iter()
+            .chain(&config.kv_events_allow_san)
+            .cloned()
+            .collect();
+        security.authorize_names(&names)
+    };
+    let kv_events = InterceptedService::new(
+        KvEventsServer::new(KvEventsService::new(
+            kv.shared().clone(),
+            Arc::new(move || open.snapshot().sessions_open as u32),
+        )),
+        events_auth,
+    );
     let drain = Streams {
         stats: Arc::clone(&stats),
         stop,
     };
     let mut built = Built::new(
-        tonic::service::Routes::new(service),
+        tonic::service::Routes::new(service).add_service(kv_events),
         SERVICE_NAME,
         Box::new(drain),
     );
@@ -115,10 +146,17 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built<Arc<
         |m| m.path.display().to_string(),
     );
     let counters = Arc::clone(&stats);
+    let cache = state.drafters.draft_kv().map(|kv| kv.shared().clone());
     built.metrics = Box::new(move |registry| {
         registry
             .register(Box::new(crate::metrics::StatsMetrics::new(counters)))
-            .context("registering the drafter's metrics")
+            .context("registering the drafter's metrics")?;
+        if let Some(cache) = cache {
+            registry
+                .register(Box::new(crate::metrics::PrefixMetrics::new(cache)))
+                .context("registering the draft prefix cache's metrics")?;
+        }
+        Ok(())
     });
     built.close_timeout = CLOSE_TIMEOUT;
     Ok(built.with_handle(stats))

@@ -49,6 +49,7 @@ impl Drafter for DraftService {
             session_id = tracing::field::Empty,
             epoch = tracing::field::Empty,
             tenant = tracing::field::Empty,
+            draft_cached_tokens = tracing::field::Empty,
         );
         specmesh_server::telemetry::adopt(&span, &request);
         let Ok(slot) = Arc::clone(&self.state.slots).try_acquire_owned() else {

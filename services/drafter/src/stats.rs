@@ -21,6 +21,8 @@ pub struct Stats {
     stale_outcomes: AtomicU64,
     propose_nanos: AtomicU64,
     outputs_indexed: AtomicU64,
+    draft_prefix_queried: AtomicU64,
+    draft_prefix_hits: AtomicU64,
     /// Each tree's drafting time and size, for Prometheus.
     pub(crate) propose_seconds: prometheus::Histogram,
     pub(crate) tree_nodes: prometheus::Histogram,
@@ -49,6 +51,8 @@ impl Default for Stats {
             stale_outcomes: AtomicU64::default(),
             propose_nanos: AtomicU64::default(),
             outputs_indexed: AtomicU64::default(),
+            draft_prefix_queried: AtomicU64::default(),
+            draft_prefix_hits: AtomicU64::default(),
             propose_seconds: histogram(
                 "specmesh_drafter_propose_seconds",
                 "Seconds to draft one tree.",
@@ -98,6 +102,11 @@ pub struct StatsSnapshot {
     pub propose_time: Duration,
     /// Finished sessions whose output joined the global index.
     pub outputs_indexed: u64,
+    /// Context tokens sessions looked up in the draft model's prefix cache
+    /// as they started, and of those, tokens found there (whose draft KV
+    /// was copied rather than computed).
+    pub draft_prefix_queried_tokens: u64,
+    pub draft_prefix_hit_tokens: u64,
 }
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -119,6 +128,8 @@ impl Stats {
             stale_outcomes: get(&self.stale_outcomes),
             propose_time: Duration::from_nanos(get(&self.propose_nanos)),
             outputs_indexed: get(&self.outputs_indexed),
+            draft_prefix_queried_tokens: get(&self.draft_prefix_queried),
+            draft_prefix_hit_tokens: get(&self.draft_prefix_hits),
         }
     }
 
@@ -160,6 +171,11 @@ impl Stats {
 
     pub(crate) fn stale_outcome(&self) {
         add(&self.stale_outcomes, 1);
+    }
+
+    pub(crate) fn draft_prefix_lookup(&self, queried: usize, hit: usize) {
+        add(&self.draft_prefix_queried, queried as u64);
+        add(&self.draft_prefix_hits, hit as u64);
     }
 
     pub(crate) fn output_indexed(&self) {

@@ -183,13 +183,19 @@ impl DraftStream {
         if let Some(why) = &spec.curve_fallback {
             tracing::info!(reason = %why, "using the default cost curve");
         }
-        let drafter = self
-            .state
-            .drafters
-            .for_spec(&spec)
-            .map_err(|e| DrafterError::Precondition(e.to_string()))?;
+        // Blocking: the draft model may copy its cached prefix in.
+        let state = Arc::clone(&self.state);
+        let (drafter, spec) =
+            tokio::task::spawn_blocking(move || (state.drafters.for_spec(&spec), spec))
+                .await
+                .map_err(|e| DrafterError::Internal(format!("starting the session: {e}")))?;
+        let drafter = drafter.map_err(|e| DrafterError::Precondition(e.to_string()))?;
+        let (queried, cached) = drafter.prefix_lookup().unwrap_or_default();
+        self.state.stats.draft_prefix_lookup(queried, cached);
+        span.record("draft_cached_tokens", cached);
         tracing::info!(
             tokens = spec.tokens.len(),
+            draft_cached_tokens = cached,
             prompt_len = spec.prompt_len,
             vocab = spec.vocab,
             max_draft_tokens = spec.max_draft_tokens,

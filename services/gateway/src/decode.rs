@@ -281,6 +281,7 @@ impl DecodeLoop {
             drafter = field::Empty,
             reason = field::Empty,
             predicted_cached_tokens = field::Empty,
+            drafter_cached_tokens = field::Empty,
         );
         let _entered = span.enter();
         // The context's block hashes, as the verifier's prefix cache names
@@ -315,6 +316,11 @@ impl DecodeLoop {
         span.record("predicted_cached_tokens", predicted);
         if let Some(d) = &placement.drafter {
             span.record("drafter", d.as_str());
+            span.record(
+                "drafter_cached_tokens",
+                placement.drafter_blocks * BLOCK_TOKENS,
+            );
+            self.metrics.drafter_placed(placement.drafter_blocks > 0);
         }
         Some(placement)
     }

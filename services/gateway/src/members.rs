@@ -156,28 +156,33 @@ impl Members {
             if let Some(channel) = channels.remove(&member.endpoint)
                 && watch
             {
-                if role == Role::Verifier {
-                    let task = tokio::spawn(crate::kv_watch::watch(
-                        member.endpoint.clone(),
-                        channel.clone(),
-                        self.placer.kv_index(),
-                    ));
-                    inner.watches.add(role, member.clone(), channel);
-                    inner.watches.also(role, &member.endpoint, task);
-                } else {
-                    inner.watches.add(role, member, channel);
-                }
+                let task = tokio::spawn(crate::kv_watch::watch(
+                    role,
+                    member.endpoint.clone(),
+                    channel.clone(),
+                    self.kv_index(role),
+                ));
+                inner.watches.add(role, member.clone(), channel);
+                inner.watches.also(role, &member.endpoint, task);
             }
         }
         for member in change.removed {
             info!(role = role.name(), endpoint = %member.endpoint, "member left: no new requests go to it");
             inner.watches.remove(role, &member.endpoint);
+            self.kv_index(role).forget(&member.endpoint);
             if role == Role::Verifier {
                 inner.clients.remove(&member.endpoint);
-                self.placer.kv_index().forget(&member.endpoint);
             }
         }
         refused
+    }
+
+    /// The KV index of `role`'s members.
+    fn kv_index(&self, role: Role) -> std::sync::Arc<crate::kv_index::KvIndex> {
+        match role {
+            Role::Verifier => self.placer.kv_index(),
+            Role::Drafter => self.placer.drafter_kv_index(),
+        }
     }
 
     /// Members up and down now.

@@ -35,6 +35,7 @@ pub struct GatewayMetrics {
     prompt_tokens: IntCounter,
     generation_tokens: IntCounter,
     placements: IntCounterVec,
+    drafter_placements: IntCounterVec,
     predicted_cached: IntCounter,
     actual_cached: IntCounter,
     migrations: IntCounter,
@@ -116,6 +117,16 @@ impl GatewayMetrics {
                 &["reason"],
             )
             .expect("a valid counter"),
+            drafter_placements: IntCounterVec::new(
+                Opts::new(
+                    "specmesh_drafter_placements_total",
+                    "Drafters chosen for speculative requests, re-placements included, by why \
+                     that drafter: prefix (its draft model holds the most of the prompt's KV) or \
+                     tenant (none does: the tenant's rendezvous choice).",
+                ),
+                &["reason"],
+            )
+            .expect("a valid counter"),
             predicted_cached: counter(
                 "specmesh_placement_predicted_cached_tokens_total",
                 "Prompt tokens the KV index said the chosen verifier holds, at placement.",
@@ -171,6 +182,7 @@ impl GatewayMetrics {
         register(registry, self.prompt_tokens.clone());
         register(registry, self.generation_tokens.clone());
         register(registry, self.placements.clone());
+        register(registry, self.drafter_placements.clone());
         register(registry, self.predicted_cached.clone());
         register(registry, self.actual_cached.clone());
         register(registry, self.capacity_refusals.clone());
@@ -255,6 +267,13 @@ impl GatewayMetrics {
         self.predicted_cached.inc_by(predicted_cached as u64);
     }
 
+    /// A drafter chosen for the prefix its draft model holds, or (`false`)
+    /// as the tenant's.
+    pub fn drafter_placed(&self, by_prefix: bool) {
+        let reason = if by_prefix { "prefix" } else { "tenant" };
+        self.drafter_placements.with_label_values(&[reason]).inc();
+    }
+
     /// The cached tokens a verifier reported reusing for a placement.
     pub fn cached(&self, tokens: u32) {
         self.actual_cached.inc_by(u64::from(tokens));
@@ -268,13 +287,13 @@ impl GatewayMetrics {
 /// `specmesh_gateway_members{role, state}`: the verifiers and drafters the
 /// gateway places on, up or down as its health watch sees them, read at
 /// scrape time (DNS membership changes the counts).
-/// Also `specmesh_kv_index_blocks`: the prefix blocks the gateway's KV
-/// index holds, over every verifier.
+/// Also `specmesh_kv_index_blocks{role}`: the prefix blocks the gateway's
+/// KV indexes hold, over every verifier and every drafter.
 #[derive(Debug, Clone)]
 pub struct MemberMetrics {
     members: Arc<Members>,
     gauge: IntGaugeVec,
-    index_blocks: prometheus::IntGauge,
+    index_blocks: IntGaugeVec,
 }
 
 impl MemberMetrics {
@@ -287,9 +306,13 @@ impl MemberMetrics {
             &["role", "state"],
         )
         .expect("a valid gauge");
-        let index_blocks = prometheus::IntGauge::new(
-            "specmesh_kv_index_blocks",
-            "Prefix cache blocks the gateway's KV index holds, over every verifier.",
+        let index_blocks = IntGaugeVec::new(
+            Opts::new(
+                "specmesh_kv_index_blocks",
+                "Prefix cache blocks the gateway's KV indexes hold, over every verifier \
+                 (role=verifier) or drafter (role=drafter: draft model KV).",
+            ),
+            &["role"],
         )
         .expect("a valid gauge");
         MemberMetrics {
@@ -308,8 +331,15 @@ impl Collector for MemberMetrics {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        self.index_blocks
-            .set(self.members.placer().kv_index().blocks() as i64);
+        let placer = self.members.placer();
+        for (role, index) in [
+            ("verifier", placer.kv_index()),
+            ("drafter", placer.drafter_kv_index()),
+        ] {
+            self.index_blocks
+                .with_label_values(&[role])
+                .set(index.blocks() as i64);
+        }
         let c = self.members.census();
         for (role, state, n) in [
             ("verifier", "up", c.verifiers_up),

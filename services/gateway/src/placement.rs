@@ -19,8 +19,13 @@
 //!   prompt would send every request to one verifier.
 //! * Any other request goes to the verifier with the fewest requests in
 //!   flight from this gateway (ties rotate, so idle pods share the load).
-//! * The drafter is the rendezvous choice for the tenant, so one tenant's
-//!   cross-session suffix index lives on one drafter.
+//! * The drafter is the one holding the most of the request's prefix in
+//!   its draft model's cache (the drafters' KV events, indexed apart from
+//!   the verifiers'), so a conversation's draft model does not prefill its
+//!   history again; when none holds any, the rendezvous choice for the
+//!   tenant, so one tenant's cross-session suffix index lives on one
+//!   drafter (a tenant's conversations stay there unless a failover moved
+//!   one, which then stays where its draft KV is).
 //! * Members the gateway's health watch ([`crate::health`]) finds down are
 //!   left out of both choices until they recover: a session or tenant whose
 //!   member is down moves to the next in its rendezvous order, and back
@@ -52,6 +57,8 @@ pub struct Placer {
     cursor: AtomicUsize,
     /// Which verifier holds which prefix.
     kv: Arc<KvIndex>,
+    /// Which drafter holds which prefix in its draft model's cache.
+    drafter_kv: Arc<KvIndex>,
 }
 
 /// Why a verifier was chosen.
@@ -167,6 +174,9 @@ pub struct Placement {
     pub reason: Reason,
     /// Blocks of the prefix the index says the verifier holds.
     pub predicted_blocks: usize,
+    /// Blocks of the prefix the drafter's draft model holds (0: the
+    /// tenant's rendezvous drafter).
+    pub drafter_blocks: usize,
 }
 
 /// A verifier chosen for a request; counts as in flight until dropped.
@@ -218,6 +228,7 @@ impl Placer {
             drafters: RwLock::new(Arc::from([])),
             cursor: AtomicUsize::new(0),
             kv: Arc::default(),
+            drafter_kv: Arc::default(),
         };
         placer.set_verifiers(&verifiers);
         placer.set_drafters(&drafters);
@@ -342,16 +353,17 @@ impl Placer {
         };
         // No drafter up: plain decoding, nothing to re-attach to either.
         let order = if key.speculate {
-            self.drafter_order(key.tenant)
+            self.drafter_order(key.tenant, key.prefix)
         } else {
             Vec::new()
         };
-        let (drafter, fallback_drafters) = match order.split_first() {
-            Some((first, rest)) if first.is_healthy() => (
+        let (drafter, fallback_drafters, drafter_blocks) = match order.split_first() {
+            Some(((first, hits), rest)) if first.is_healthy() => (
                 Some(first.endpoint.clone()),
-                rest.iter().map(|d| d.endpoint.clone()).collect(),
+                rest.iter().map(|(d, _)| d.endpoint.clone()).collect(),
+                *hits,
             ),
-            _ => (None, Vec::new()),
+            _ => (None, Vec::new(), 0),
         };
         Some(Placement {
             verifier,
@@ -360,12 +372,18 @@ impl Placer {
             epoch,
             reason,
             predicted_blocks,
+            drafter_blocks,
         })
     }
 
-    /// The index the KV watches feed.
+    /// The index the verifiers' KV watches feed.
     pub fn kv_index(&self) -> Arc<KvIndex> {
         Arc::clone(&self.kv)
+    }
+
+    /// The index the drafters' KV watches feed.
+    pub fn drafter_kv_index(&self) -> Arc<KvIndex> {
+        Arc::clone(&self.drafter_kv)
     }
 
     /// The verifier of least cost for `key`'s prefix and its hit blocks;
@@ -410,23 +428,40 @@ impl Placer {
             .map(|(_, i, hits)| (i, hits))
     }
 
-    /// The tenant's drafter, `None` when none is configured or up.
+    /// The tenant's drafter for a request without a cached prefix, `None`
+    /// when none is configured or up.
     #[cfg(test)]
     pub fn drafter(&self, tenant: &str) -> Option<String> {
-        let first = self.drafter_order(tenant).into_iter().next()?;
+        let (first, _) = self.drafter_order(tenant, &[]).into_iter().next()?;
         first.is_healthy().then_some(first.endpoint)
     }
 
-    /// Every drafter in the tenant's order: those up by rendezvous score
-    /// (the first is the tenant's drafter), then those down by theirs.
-    fn drafter_order(&self, tenant: &str) -> Vec<Member> {
+    /// Every drafter in the order a request of `tenant` with `prefix`
+    /// tries them, with the blocks of the prefix each holds: those up
+    /// first, by blocks held, then by the tenant's rendezvous score (so
+    /// with nothing cached the first is the tenant's drafter); then those
+    /// down, the same way.
+    fn drafter_order(&self, tenant: &str, prefix: &[u64]) -> Vec<(Member, usize)> {
         let drafters = read(&self.drafters);
-        let mut order: Vec<(bool, std::cmp::Reverse<u64>, usize)> = drafters
+        let mut order: Vec<(
+            bool,
+            std::cmp::Reverse<usize>,
+            std::cmp::Reverse<u64>,
+            usize,
+        )> = drafters
             .iter()
             .enumerate()
             .map(|(i, d)| {
+                let hits = if prefix.is_empty() {
+                    0
+                } else {
+                    self.drafter_kv
+                        .hits(&d.endpoint, prefix)
+                        .map_or(0, |(hits, _)| hits)
+                };
                 (
                     !d.is_healthy(),
+                    std::cmp::Reverse(hits),
                     std::cmp::Reverse(score(tenant, &d.endpoint)),
                     i,
                 )
@@ -435,7 +470,7 @@ impl Placer {
         order.sort_unstable();
         order
             .into_iter()
-            .map(|(_, _, i)| drafters[i].clone())
+            .map(|(_, hits, _, i)| (drafters[i].clone(), hits.0))
             .collect()
     }
 

@@ -19,7 +19,6 @@ mod draft_link;
 mod drafters;
 mod error;
 mod goodput;
-mod kv_events;
 mod memory;
 mod metrics;
 mod reattach;

@@ -8,33 +8,19 @@
 //! what it decoded. Only committed KV is published: a session's staged
 //! tree nodes sit above its committed length and are never exported.
 
-use std::sync::{Arc, Mutex, MutexGuard};
-
 use specmesh_engine::Session;
 use specmesh_kvcache::{
-    BLOCK_TOKENS, BlockEvent, BlockHash, Scope, Store, StoreUsage, block_hashes,
+    BLOCK_TOKENS, BlockHash, Exhausted, Scope, Store, StoreUsage, block_hashes,
 };
-use tokio::sync::broadcast;
-
-use specmesh_kvcache::Exhausted;
+use specmesh_kvevents::SharedStore;
 
 use crate::validate::ValidRun;
-
-/// Batches of changes a slow subscriber may fall behind by before it is
-/// sent a new snapshot instead.
-const EVENT_BACKLOG: usize = 1024;
-
-/// Changes of what the prefix cache holds, in order.
-pub type Events = Arc<Vec<BlockEvent>>;
 
 /// The verifier's KV memory; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct KvMemory {
-    store: Arc<Mutex<Store>>,
-    /// Every change, sent under the store's lock (so a snapshot and a
-    /// subscription taken together miss nothing and repeat nothing).
-    events: broadcast::Sender<Events>,
-    bytes_per_token: u64,
+    /// Published to the gateways (`KvEvents`).
+    store: SharedStore,
     /// `--prefix-cache`: share prefixes within a tenant (and salt);
     /// without it only a session's own earlier turns (its `cache_key`).
     prefix_cache: bool,
@@ -43,13 +29,13 @@ pub struct KvMemory {
 /// Bytes held for a running session; released on drop.
 #[derive(Debug)]
 pub struct Reservation {
-    store: Arc<Mutex<Store>>,
+    store: SharedStore,
     bytes: u64,
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        lock(&self.store).release(self.bytes);
+        self.store.lock().release(self.bytes);
     }
 }
 
@@ -67,42 +53,18 @@ pub struct PrefixKey {
     publish: bool,
 }
 
-fn lock(m: &Mutex<Store>) -> MutexGuard<'_, Store> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl KvMemory {
     pub fn new(budget: u64, bytes_per_token: u64, prefix_cache: bool) -> KvMemory {
+        let block_bytes = bytes_per_token * BLOCK_TOKENS as u64;
         KvMemory {
-            store: Arc::new(Mutex::new(Store::new(
-                budget,
-                BLOCK_TOKENS,
-                bytes_per_token * BLOCK_TOKENS as u64,
-            ))),
-            events: broadcast::channel(EVENT_BACKLOG).0,
-            bytes_per_token,
+            store: SharedStore::new(Store::new(budget, BLOCK_TOKENS, block_bytes), block_bytes),
             prefix_cache,
         }
     }
 
-    /// Bytes of one block's KV.
-    pub fn block_bytes(&self) -> u64 {
-        self.bytes_per_token * BLOCK_TOKENS as u64
-    }
-
-    /// Every block held now, and the changes from then on.
-    pub fn subscribe(&self) -> (Vec<BlockHash>, broadcast::Receiver<Events>) {
-        let store = lock(&self.store);
-        (store.hashes(), self.events.subscribe())
-    }
-
-    /// Sends the store's changes to subscribers (under its lock).
-    fn flush(&self, store: &mut Store) {
-        let events = store.take_events();
-        if !events.is_empty() {
-            // No subscriber is no error.
-            let _ = self.events.send(Arc::new(events));
-        }
+    /// The store, as `KvEvents` publishes it.
+    pub fn shared(&self) -> &SharedStore {
+        &self.store
     }
 
     /// Whether prefixes are shared within a tenant (`--prefix-cache`).
@@ -113,12 +75,9 @@ impl KvMemory {
     /// Reserves `bytes`, evicting cached blocks (least recently used
     /// leaves first) if needed.
     pub fn reserve(&self, bytes: u64) -> Result<Reservation, Exhausted> {
-        let mut store = lock(&self.store);
-        let reserved = store.reserve(bytes);
-        self.flush(&mut store);
-        reserved?;
+        self.store.lock().reserve(bytes)?;
         Ok(Reservation {
-            store: Arc::clone(&self.store),
+            store: self.store.clone(),
             bytes,
         })
     }
@@ -149,7 +108,7 @@ impl KvMemory {
         };
         let context = &tokens[..tokens.len().saturating_sub(1)];
         let hashes = block_hashes(scope, context, BLOCK_TOKENS);
-        drop(lock(&self.store).lookup(scope, &hashes, context, 0));
+        drop(self.store.lock().lookup(scope, &hashes, context, 0));
         Some(PrefixKey {
             scope,
             hashes,
@@ -166,7 +125,10 @@ impl KvMemory {
             return 0;
         }
         let from = done / BLOCK_TOKENS;
-        let blocks = lock(&self.store).lookup(key.scope, &key.hashes, session.tokens(), from);
+        let blocks = self
+            .store
+            .lock()
+            .lookup(key.scope, &key.hashes, session.tokens(), from);
         let mut taken = 0;
         for block in &blocks {
             match session.import_kv(block.data()) {
@@ -216,7 +178,7 @@ impl KvMemory {
         // lock (the batcher takes it for every prefill chunk), then
         // inserted in order.
         let missing: Vec<usize> = {
-            let store = lock(&self.store);
+            let store = self.store.lock();
             (from..upto)
                 .filter(|&i| !store.has(scope, hashes, tokens, i))
                 .collect()
@@ -232,7 +194,7 @@ impl KvMemory {
             }
         }
         let mut exported = exported.into_iter().peekable();
-        let mut store = lock(&self.store);
+        let mut store = self.store.lock();
         let mut end = from;
         for i in from..upto {
             let data = match exported.peek() {
@@ -249,18 +211,17 @@ impl KvMemory {
             }
             end = i + 1;
         }
-        self.flush(&mut store);
         end
     }
 
     /// Counts a prefill of `queried` context tokens of which `hit` came
     /// from the cache.
     pub fn record_query(&self, queried: usize, hit: usize) {
-        lock(&self.store).record_query(queried, hit);
+        self.store.lock().record_query(queried, hit);
     }
 
     pub fn usage(&self) -> StoreUsage {
-        lock(&self.store).usage()
+        self.store.usage()
     }
 }
 

@@ -22,11 +22,11 @@ use crate::config::{Args, Config, SERVICE};
 use crate::draft_link::DrafterChannels;
 use crate::drafters::{self, Drafters};
 use crate::goodput;
-use crate::kv_events::KvEventsService;
 use crate::memory::KvMemory;
 use crate::metrics;
 use crate::service::VerifierService;
 use crate::state::{State, Target};
+use specmesh_kvevents::KvEventsService;
 
 /// Largest `RunRequest` beyond its context tokens (ids, sampling, plan).
 const MESSAGE_OVERHEAD: usize = 64 << 10;
@@ -168,8 +168,12 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit);
     let service = InterceptedService::new(service, security.authorize());
+    let running = Arc::clone(&state);
     let kv_events = InterceptedService::new(
-        v1::kv_events_server::KvEventsServer::new(KvEventsService::new(Arc::clone(&state))),
+        v1::kv_events_server::KvEventsServer::new(KvEventsService::new(
+            memory.shared().clone(),
+            Arc::new(move || running.running() as u32),
+        )),
         security.authorize(),
     );
     let mut built = Built::new(

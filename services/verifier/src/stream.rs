@@ -330,6 +330,7 @@ fn draft_start(
         first_step,
         prediction: plan.prediction.clone(),
         max_new_tokens: u32::try_from(run.max_new_tokens).unwrap_or(u32::MAX),
+        cache_salt: run.cache_salt.clone(),
     }
 }
 

@@ -65,6 +65,11 @@ pub struct ConversationArgs {
     /// The code file the code edits come from.
     #[arg(long, default_value_os_t = specbench::default_code_path())]
     pub conversation_code: PathBuf,
+    /// Our speculation in the conversations: auto (the drafters choose),
+    /// draft-model (the draft model alone: what its KV cache by prefix
+    /// saves), off.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub conversation_speculation: Mode,
 }
 
 impl ConversationArgs {
@@ -150,7 +155,7 @@ pub async fn run(
                     concurrency,
                     repeat,
                     max_new,
-                    mode: Mode::Auto,
+                    mode: args.conversation_speculation,
                     tenants: args.tenants,
                     tag: format!("{run_id}-conv-c{concurrency}-r{repeat}-{i}"),
                     peer_context,

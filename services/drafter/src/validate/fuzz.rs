@@ -34,7 +34,12 @@ fn any_start() -> impl Strategy<Value = v1::DraftStart> {
         0..8,
     );
     (
-        (any::<String>(), any::<u64>(), any::<String>()),
+        (
+            any::<String>(),
+            any::<u64>(),
+            any::<String>(),
+            any::<String>(),
+        ),
         (
             prop::collection::vec(any_token(), 0..200),
             any::<u32>(),
@@ -59,7 +64,7 @@ fn any_start() -> impl Strategy<Value = v1::DraftStart> {
     )
         .prop_map(
             |(ids, context, drafting, target, prediction, max_new_tokens)| {
-                let (session_id, epoch, tenant) = ids;
+                let (session_id, epoch, tenant, cache_salt) = ids;
                 let (tokens, prompt_len, vocab_size) = context;
                 let (max_draft_tokens, max_depth, cost_curve, sampling, sources) = drafting;
                 let (
@@ -88,6 +93,7 @@ fn any_start() -> impl Strategy<Value = v1::DraftStart> {
                     first_step,
                     prediction,
                     max_new_tokens,
+                    cache_salt,
                 }
             },
         )

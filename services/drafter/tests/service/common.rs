@@ -156,8 +156,14 @@ impl Stream {
     }
 
     pub async fn tree(&mut self) -> v1::TokenTree {
-        self.next()
+        self.tree_within(WAIT).await
+    }
+
+    /// The next tree, waiting up to `wait` (a draft model's long prefill).
+    pub async fn tree_within(&mut self, wait: Duration) -> v1::TokenTree {
+        tokio::time::timeout(wait, self.rx.message())
             .await
+            .expect("the drafter answered in time")
             .expect("a tree, not an error")
             .expect("a tree, not the end of the stream")
     }

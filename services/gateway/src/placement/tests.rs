@@ -428,3 +428,60 @@ fn a_request_goes_where_its_prefix_is_cached_weighed_against_load() {
         Reason::Load
     );
 }
+
+#[test]
+fn a_speculative_request_goes_to_the_drafter_holding_its_prefix() {
+    let drafters: Vec<String> = (0..3)
+        .map(|i| format!("http://drafter-{i}.drafter:50061"))
+        .collect();
+    let placer = Placer::new(endpoints(1), drafters.clone());
+    let index = placer.drafter_kv_index();
+    let prefix = [11, 12, 13, 14];
+    let key = PlacementKey {
+        session_id: None,
+        tenant: "acme",
+        speculate: true,
+        prefix: &prefix,
+        need_blocks: 0,
+    };
+    // Nothing cached anywhere: the tenant's drafter.
+    let home = placer.drafter("acme").unwrap();
+    let p = placer.place(key, &[], 1).unwrap();
+    assert_eq!(
+        (p.drafter.as_deref(), p.drafter_blocks),
+        (Some(home.as_str()), 0)
+    );
+    // Another drafter holds the conversation (a failover moved it there):
+    // it drafts there, and the tenant's drafter is the first fallback.
+    let other = drafters.iter().find(|d| **d != home).unwrap().clone();
+    index.apply(&other, &held(&prefix[..3], 0, 0));
+    index.apply(&home, &held(&prefix[..1], 0, 0));
+    let p = placer.place(key, &[], 1).unwrap();
+    assert_eq!(
+        (p.drafter.as_deref(), p.drafter_blocks),
+        (Some(other.as_str()), 3)
+    );
+    assert_eq!(p.fallback_drafters[0], home, "then by blocks held");
+    // Down, it is passed over; gone from the index, the tenant's again.
+    let member = placer
+        .drafters()
+        .into_iter()
+        .find(|d| d.endpoint == other)
+        .unwrap();
+    member.healthy.store(false, Ordering::Relaxed);
+    let p = placer.place(key, &[], 1).unwrap();
+    assert_eq!(
+        (p.drafter.as_deref(), p.drafter_blocks),
+        (Some(home.as_str()), 1)
+    );
+    member.healthy.store(true, Ordering::Relaxed);
+    index.forget(&other);
+    let p = placer.place(key, &[], 1).unwrap();
+    assert_eq!(p.drafter.as_deref(), Some(home.as_str()));
+    // A request without speculation gets no drafter at all.
+    let plain = PlacementKey {
+        speculate: false,
+        ..key
+    };
+    assert_eq!(placer.place(plain, &[], 1).unwrap().drafter, None);
+}
