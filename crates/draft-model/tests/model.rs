@@ -341,26 +341,23 @@ fn a_drafter_seeded_with_cached_kv_drafts_as_one_that_prefilled() {
     let tokens = prompt(f);
     let limits = TreeLimits::new(24, 4, vocab(f));
     let full = |seed: &mut ModelDrafter| seed.propose(&ctx(&tokens, tokens.len(), limits));
-    let mut prefilled = ModelDrafter::new(
-        f.model.clone(),
-        SamplingParams::greedy(),
-        vocab(f),
-        DraftOptions::default(),
-    )
-    .unwrap();
+    let greedy = || {
+        ModelDrafter::new(
+            f.model.clone(),
+            SamplingParams::greedy(),
+            vocab(f),
+            DraftOptions::default(),
+        )
+        .unwrap()
+    };
+    let mut prefilled = greedy();
     let expected = full(&mut prefilled);
     // The prefix a cache would hold: whole blocks of the context before
     // the root.
     let held = (tokens.len() - 1) / 4 * 4;
     assert!(held >= 4, "the prompt is long enough to share a block");
     let kv = prefilled.export_kv(0, held).unwrap();
-    let mut seeded = ModelDrafter::new(
-        f.model.clone(),
-        SamplingParams::greedy(),
-        vocab(f),
-        DraftOptions::default(),
-    )
-    .unwrap();
+    let mut seeded = greedy();
     let err = seeded.import_kv(&tokens[..held], &kv[..kv.len() - 1]);
     assert!(err.is_err(), "KV of the wrong size is refused");
     assert_eq!(seeded.cached_len(), 0, "and nothing is taken");

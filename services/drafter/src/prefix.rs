@@ -106,40 +106,16 @@ impl SessionPrefix {
         }
         let tokens = &context[..upto * BLOCK_TOKENS];
         extend_block_hashes(self.scope, &mut self.hashes, tokens, BLOCK_TOKENS);
-        let (scope, hashes) = (self.scope, &self.hashes[..upto]);
-        // Which blocks are missing, then their KV exported without the
-        // lock (other sessions look up and publish meanwhile), then
-        // inserted in order.
-        let missing: Vec<usize> = {
-            let store = self.store.lock();
-            (self.published..upto)
-                .filter(|&i| !store.has(scope, hashes, tokens, i))
-                .collect()
-        };
-        let mut exported = Vec::with_capacity(missing.len());
-        for &i in &missing {
-            match drafter.export_kv(i * BLOCK_TOKENS, BLOCK_TOKENS) {
-                Ok(d) => exported.push((i, d)),
-                Err(error) => {
-                    tracing::warn!(%error, "exporting a draft block: not cached");
-                    break;
-                }
-            }
-        }
-        let mut exported = exported.into_iter().peekable();
-        let mut store = self.store.lock();
-        for i in self.published..upto {
-            let data = match exported.peek() {
-                Some(&(j, _)) if j == i => exported.next().map(|(_, d)| d).unwrap_or_default(),
-                // Cached when looked at.
-                _ => Vec::new(),
-            };
-            if !store.insert(scope, hashes, tokens, i, data) {
-                // No room, its parent is gone or it was evicted since:
-                // the rest of the chain waits for the next propose.
-                break;
-            }
-            self.published = i + 1;
-        }
+        let hashes = &self.hashes[..upto];
+        self.published =
+            self.store
+                .publish(self.scope, hashes, tokens, (self.published, upto), |i| {
+                    drafter
+                        .export_kv(i * BLOCK_TOKENS, BLOCK_TOKENS)
+                        .map_err(
+                            |e| tracing::warn!(error = %e, "exporting a draft block: not cached"),
+                        )
+                        .ok()
+                });
     }
 }

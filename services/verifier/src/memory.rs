@@ -173,45 +173,13 @@ impl KvMemory {
         from: usize,
         upto: usize,
     ) -> usize {
-        let tokens = session.tokens();
-        // Which blocks are missing, then their KV exported without the
-        // lock (the batcher takes it for every prefill chunk), then
-        // inserted in order.
-        let missing: Vec<usize> = {
-            let store = self.store.lock();
-            (from..upto)
-                .filter(|&i| !store.has(scope, hashes, tokens, i))
-                .collect()
-        };
-        let mut exported = Vec::with_capacity(missing.len());
-        for &i in &missing {
-            match session.export_kv(i * BLOCK_TOKENS, BLOCK_TOKENS) {
-                Ok(d) => exported.push((i, d)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "exporting a block: not cached");
-                    break;
-                }
-            }
-        }
-        let mut exported = exported.into_iter().peekable();
-        let mut store = self.store.lock();
-        let mut end = from;
-        for i in from..upto {
-            let data = match exported.peek() {
-                Some(&(j, _)) if j == i => exported.next().map(|(_, d)| d).unwrap_or_default(),
-                // Cached when looked at (an empty block is never stored:
-                // `insert` only touches a block it already has).
-                _ => Vec::new(),
-            };
-            if !store.insert(scope, hashes, tokens, i, data) {
-                // No room (everything else is reserved), its parent is
-                // gone or it was evicted since: the rest of the chain
-                // cannot be cached now.
-                break;
-            }
-            end = i + 1;
-        }
-        end
+        self.store
+            .publish(scope, hashes, session.tokens(), (from, upto), |i| {
+                session
+                    .export_kv(i * BLOCK_TOKENS, BLOCK_TOKENS)
+                    .map_err(|e| tracing::warn!(error = %e, "exporting a block: not cached"))
+                    .ok()
+            })
     }
 
     /// Counts a prefill of `queried` context tokens of which `hit` came

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use specmesh_drafter::{Config, Stats};
+use specmesh_drafter::{Config, DraftModelConfig, Stats};
 use specmesh_proto::v1;
 use specmesh_proto::v1::draft_request::Kind;
 use specmesh_proto::v1::drafter_client::DrafterClient;
+use specmesh_testing::model_path;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
@@ -269,4 +270,22 @@ pub fn verify_greedy(tree: &v1::TokenTree, truth: &[u32]) -> (Vec<u32>, Vec<u32>
         }
     }
     (path, committed)
+}
+
+/// A draft model config of the test model (its first `layers` layers, or
+/// all), its own tokenizer named as the target's, on 2 threads.
+pub fn model_config(layers: Option<usize>) -> DraftModelConfig {
+    DraftModelConfig {
+        path: model_path(),
+        sha256: None,
+        self_draft_layers: layers,
+        target_tokenizer: Some(model_path()),
+        threads: Some(2),
+        isa: None,
+        max_sessions: 4,
+        kv_budget_bytes: 64 << 20,
+        draft_ahead: false,
+        head_tokens: None,
+        token_ranking: None,
+    }
 }

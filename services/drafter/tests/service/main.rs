@@ -6,5 +6,6 @@ mod common;
 mod invalid;
 mod model;
 mod ops;
+mod prefix;
 mod session;
 mod tenants;
