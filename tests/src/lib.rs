@@ -201,6 +201,7 @@ pub fn error_line(out: &Output) -> String {
 pub mod chaos;
 pub mod cluster;
 pub mod deploy;
+pub mod front;
 pub mod load;
 pub mod mesh;
 pub mod metrics;

@@ -9,88 +9,19 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use specmesh_e2e::cluster::{COST_CURVE, free_addr, verifier_stats};
+use specmesh_e2e::cluster::{free_addr, verifier_stats};
 use specmesh_e2e::deploy::python;
+use specmesh_e2e::front::Front;
 use specmesh_e2e::mesh::chat_request;
 use specmesh_e2e::model_path;
-use specmesh_e2e::service::Service;
 use specmesh_proto::v1;
 use specmesh_proto::v1::generation_client::GenerationClient;
-
-/// A drafter, a verifier and a gateway serving the OpenAI front.
-struct Front {
-    model_id: String,
-    /// The HTTP front's address.
-    http: String,
-    gateway: Service,
-    verifier: Service,
-    _drafter: Service,
-}
-
-impl Front {
-    /// The three services, `gateway_args` added to the gateway's flags.
-    fn start(gateway_args: &[&str]) -> Front {
-        let model = model_path();
-        let model_arg = model.display().to_string();
-        let drafter = Service::start("specmesh-drafter", &[] as &[&str], &[]);
-        let verifier = Service::start(
-            "specmesh-verifier",
-            &[
-                "--model",
-                &model_arg,
-                "--threads",
-                "1",
-                "--cost-curve",
-                COST_CURVE,
-                "--drafters",
-                &drafter.url,
-            ],
-            &[],
-        );
-        let http = free_addr();
-        let mut args = vec![
-            "--model",
-            &model_arg,
-            "--verifiers",
-            &verifier.url,
-            "--drafters",
-            &drafter.url,
-            "--http-listen",
-            &http,
-        ];
-        args.extend_from_slice(gateway_args);
-        let gateway = Service::start("specmesh-gateway", &args, &[]);
-        Front {
-            model_id: model.file_name().unwrap().to_string_lossy().into_owned(),
-            http,
-            gateway,
-            verifier,
-            _drafter: drafter,
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_client_gets_what_the_grpc_api_gives() {
     let front = Front::start(&[]);
-    let (model_id, http, gateway, verifier) = (
-        &front.model_id,
-        &front.http,
-        &front.gateway,
-        &front.verifier,
-    );
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/openai_client.py");
-    let out = Command::new(python())
-        .args([script, &format!("http://{http}"), model_id])
-        .output()
-        .expect("running the openai client (scripts/python-env.sh installs it)");
-    assert!(
-        out.status.success(),
-        "the openai client failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
-    println!("{}", serde_json::to_string_pretty(&seen).unwrap());
+    let (model_id, gateway, verifier) = (&front.model_id, &front.gateway, &front.verifier);
+    let seen = front.run_client("openai_client.py");
 
     // The gRPC API's answers to the same requests.
     let mut grpc = GenerationClient::connect(gateway.url.clone())

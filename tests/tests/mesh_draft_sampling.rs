@@ -140,3 +140,64 @@ async fn sampling_follows_the_target(extra: &[(&str, &str)]) {
         }
     }
 }
+
+/// Under a grammar the target's distribution is its masked one (here a
+/// sentence of letters: no digits, markdown or newlines): drafted nodes
+/// the grammar forbids are cut (their parent then decides by the
+/// probability-free rule), the rest are accepted by rejection sampling
+/// against the masked target, and what comes out must be distributed as
+/// plain sampling under the same grammar, position by position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draft_model_sampling_under_a_grammar_follows_the_masked_target() {
+    let mesh = Mesh::start_self_draft(&[]);
+    let constrained = |mut r: v1::GenerateRequest| {
+        r.structured = Some(v1::Structured {
+            kind: Some(v1::structured::Kind::Regex("[A-Z][A-Za-z ,']+\\.".into())),
+        });
+        r
+    };
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let (mut drafted, mut accepted, mut differ) = (0u64, 0u64, 0usize);
+    let seeds: Vec<u64> = (0..SEEDS).collect();
+    for wave in seeds.chunks(WAVE) {
+        let speculated = wave.iter().map(|&s| constrained(sampled(1.0, 1.0, s)));
+        let plain = wave
+            .iter()
+            .map(|&s| without_speculation(constrained(sampled(1.0, 1.0, s))));
+        let answers = generate_all(&mesh.gateway, speculated.chain(plain).collect()).await;
+        let (a, b) = answers.split_at(wave.len());
+        for (a, b) in a.iter().zip(b) {
+            let s = a.speculation.unwrap_or_default();
+            drafted += u64::from(s.drafted_tokens);
+            accepted += u64::from(s.accepted_tokens);
+            differ += usize::from(a.token_ids != b.token_ids);
+            with.push(a.token_ids.clone());
+            without.push(b.token_ids.clone());
+        }
+    }
+    let at = |runs: &[Vec<u32>], i: usize| -> Vec<u32> {
+        runs.iter().filter_map(|r| r.get(i).copied()).collect()
+    };
+    let distinct: std::collections::BTreeSet<u32> = at(&without, 0).into_iter().collect();
+    assert!(
+        distinct.len() > 2,
+        "the first token should vary: {distinct:?}"
+    );
+    assert!(
+        drafted > 0 && accepted > 0,
+        "drafted {drafted}, accepted {accepted}"
+    );
+    assert!(differ > 0, "rejection sampling never ran");
+    for i in 0..TOKENS as usize {
+        let (chi2, df) = homogeneity(&at(&with, i), &at(&without, i));
+        eprintln!(
+            "grammar token {i}: drafted {drafted}, accepted {accepted}, {differ} differ, chi2 {chi2:.1} (df {df}, limit {:.1})",
+            chi2_999(df)
+        );
+        assert!(
+            chi2 <= chi2_999(df),
+            "token {i} distributions differ under the grammar: chi2 {chi2:.1} > {:.1} (df {df})",
+            chi2_999(df)
+        );
+    }
+}

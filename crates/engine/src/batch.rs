@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use specmesh_model::{Block, Model, Sequence};
 use specmesh_tree::TokenTree;
-use specmesh_verify::{RowMajor, verify};
+use specmesh_verify::{Constraint, Extras, RowMajor, verify_with};
 
 use crate::EngineError;
 use crate::session::{Session, Step};
@@ -77,9 +77,21 @@ pub fn step_batch_fused(
     top_k: usize,
 ) -> Result<FusedStep, EngineError> {
     let t0 = Instant::now();
+    // Trees of constrained sessions, fitted to their grammars: what the
+    // grammar forbids cut, what it forces grafted.
+    let fitted = items
+        .iter_mut()
+        .map(|(s, t)| s.fit(t, model))
+        .collect::<Result<Vec<_>, _>>()?;
+    let trees: Vec<&TokenTree> = items
+        .iter()
+        .zip(&fitted)
+        .map(|((_, t), f)| f.as_ref().map_or(*t, |f| &f.tree))
+        .collect();
     let blocks = items
         .iter()
-        .map(|(s, t)| s.block(t, model))
+        .zip(&trees)
+        .map(|((s, _), t)| s.block(t, model))
         .collect::<Result<Vec<_>, _>>()?;
     let mut prefill = match prefill {
         Some(c) => c
@@ -100,12 +112,29 @@ pub fn step_batch_fused(
         model.forward_batch(&mut batch)?
     };
     let t1 = Instant::now();
-    let mut verdicts = Vec::with_capacity(items.len());
-    for ((s, t), l) in items.iter().zip(&logits) {
+    let mut verdicts: Vec<specmesh_verify::Verification> = Vec::with_capacity(items.len());
+    for (((s, _), t), l) in items.iter_mut().zip(&trees).zip(&logits) {
         let rows = RowMajor::new(l.as_slice(), l.vocab())?;
-        match verify(t, &rows, &s.params, s.position(), top_k) {
+        let position = s.position();
+        let s: &mut Session = s;
+        let extras = Extras {
+            constraint: s
+                .constraint
+                .as_mut()
+                .map(|c| &mut **c as &mut dyn Constraint),
+            logprobs: s.logprobs,
+        };
+        match verify_with(t, &rows, &s.params, position, top_k, extras) {
             Ok(v) => verdicts.push(v),
             Err(e) => {
+                // Every session as it was: the grammars verified so far
+                // went past their paths.
+                for ((s, _), v) in items.iter_mut().zip(&verdicts) {
+                    if let Some(c) = s.constraint.as_deref_mut() {
+                        c.rollback(v.path.len())
+                            .map_err(specmesh_verify::VerifyError::from)?;
+                    }
+                }
                 for (s, _) in items.iter_mut() {
                     s.seq.discard();
                 }
@@ -127,7 +156,11 @@ pub fn step_batch_fused(
     let steps = items
         .iter_mut()
         .zip(verdicts)
-        .map(|((s, t), v)| s.apply(t, v))
+        .zip(&fitted)
+        .map(|(((s, t), v), f)| {
+            let origin = f.as_ref().map(|f| f.origin.as_slice());
+            s.apply(origin, t.draft_len(), v)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let times = BatchTimes {
         forward: (t1 - t0).as_secs_f64(),

@@ -5,7 +5,12 @@ use std::time::Instant;
 use specmesh_model::{Block, Model, Sequence};
 use specmesh_sampling::SamplingParams;
 use specmesh_tree::TokenTree;
-use specmesh_verify::Verification;
+use specmesh_verify::{Constrained, Constraint, TokenLogprobs, Verification, constrain};
+
+/// Nodes a step grafts onto a constrained session's tree from what its
+/// grammar forces, at most: JSON keys and punctuation run a few tokens at
+/// a time, and each grafted node costs a row of the forward.
+pub const MAX_GRAFTED: usize = 16;
 
 use crate::EngineError;
 
@@ -44,6 +49,13 @@ pub struct Step {
     pub drafted: usize,
     /// Drafted tokens accepted (before cutting at a limit).
     pub accepted: usize,
+    /// Tokens accepted from what the output's grammar forced (nodes
+    /// grafted onto the tree, not drafted), before cutting at a limit.
+    pub forced: usize,
+    /// With logprobs on: one per committed token.
+    pub logprobs: Vec<TokenLogprobs>,
+    /// The verification, its path in the indices of the tree as given
+    /// (cut before the first grafted node).
     pub verification: Verification,
     /// Set when this step ended the session.
     pub finish: Option<Finish>,
@@ -61,6 +73,11 @@ pub struct Session {
     pub(crate) params: SamplingParams,
     limits: SessionLimits,
     finish: Option<Finish>,
+    /// The output's grammar, at the next token.
+    pub(crate) constraint: Option<Box<dyn Constraint>>,
+    /// Report each committed token's log-probability with this many
+    /// alternatives.
+    pub(crate) logprobs: Option<usize>,
 }
 
 impl Session {
@@ -99,7 +116,30 @@ impl Session {
             params,
             limits,
             finish: None,
+            constraint: None,
+            logprobs: None,
         })
+    }
+
+    /// Constrains the output to `constraint` (a grammar), which must
+    /// already follow the output committed before this session.
+    pub fn constrain(&mut self, constraint: Box<dyn Constraint>) {
+        self.constraint = Some(constraint);
+    }
+
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// The output's grammar, for its statistics.
+    pub fn constraint_mut(&mut self) -> Option<&mut (dyn Constraint + 'static)> {
+        self.constraint.as_deref_mut()
+    }
+
+    /// Reports each committed token's log-probability with `top`
+    /// alternatives.
+    pub fn with_logprobs(&mut self, top: usize) {
+        self.logprobs = Some(top);
     }
 
     /// Allocates the KV cache for `total` tokens up front.
@@ -240,6 +280,26 @@ impl Session {
         model.config().max_context.saturating_sub(self.tokens.len())
     }
 
+    /// `tree` fitted to the output's grammar (`None` without one): at most
+    /// [`MAX_GRAFTED`] forced nodes, within the context's room.
+    pub(crate) fn fit(
+        &mut self,
+        tree: &TokenTree,
+        model: &Model,
+    ) -> Result<Option<Constrained>, EngineError> {
+        let room = self.room(model).saturating_sub(tree.draft_len());
+        if self.finish.is_some() || tree.root_token() != self.root() {
+            // Refused by `block`, with its own message.
+            return Ok(None);
+        }
+        let Some(c) = self.constraint.as_deref_mut() else {
+            return Ok(None);
+        };
+        let fitted = constrain(tree, c, MAX_GRAFTED.min(room))
+            .map_err(specmesh_verify::VerifyError::from)?;
+        Ok(Some(fitted))
+    }
+
     pub(crate) fn block(&self, tree: &TokenTree, model: &Model) -> Result<Block, EngineError> {
         if self.finish.is_some() {
             return Err(EngineError::Finished);
@@ -265,10 +325,32 @@ impl Session {
         )?)
     }
 
-    pub(crate) fn apply(&mut self, tree: &TokenTree, v: Verification) -> Result<Step, EngineError> {
+    /// Commits the verified path of the tree the forward ran (the one
+    /// given, of `drafted` drafted nodes, or that tree fitted to the
+    /// grammar, `origin` mapping its nodes back to the given one) and
+    /// applies the stop rules.
+    pub(crate) fn apply(
+        &mut self,
+        origin: Option<&[Option<usize>]>,
+        drafted: usize,
+        mut v: Verification,
+    ) -> Result<Step, EngineError> {
         self.seq.commit(&v.path)?;
-        let accepted = v.accepted_len();
+        let mut accepted = v.accepted_len();
+        let mut forced = 0;
+        if let Some(origin) = origin {
+            forced = v.path[1..].iter().filter(|&&n| origin[n].is_none()).count();
+            accepted -= forced;
+            // The callers read the path against the tree they gave.
+            let keep = v.path.iter().take_while(|&&n| origin[n].is_some()).count();
+            v.path.truncate(keep);
+            v.top_k.truncate(keep);
+            for n in &mut v.path {
+                *n = origin[*n].expect("kept nodes have an origin");
+            }
+        }
         let mut committed = v.committed();
+        let mut logprobs = std::mem::take(&mut v.logprobs);
         let mut finish = None;
         if let Some(i) = committed.iter().position(|t| self.limits.eos.contains(t)) {
             committed.truncate(i);
@@ -279,6 +361,7 @@ impl Session {
             committed.truncate(left);
             finish = finish.or(Some(Finish::Length));
         }
+        logprobs.truncate(committed.len());
         // The cache must hold exactly the committed tokens but the last.
         self.tokens.extend_from_slice(&committed);
         self.generated += committed.len();
@@ -286,8 +369,10 @@ impl Session {
         self.finish = finish;
         Ok(Step {
             committed,
-            drafted: tree.draft_len(),
+            drafted,
             accepted,
+            forced,
+            logprobs,
             verification: v,
             finish,
         })

@@ -2,36 +2,17 @@
 //! decoding returns: greedy token for token, and seeded sampling token for
 //! token when the drafter sends no probabilities.
 
-use std::sync::OnceLock;
-
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use specmesh_draft::{DraftContext, Drafter, Feedback};
 use specmesh_engine::{
     FusedStep, PrefillChunk, Session, SessionLimits, generate, step_batch, step_batch_fused,
 };
-use specmesh_model::{LoadOptions, Model};
+use specmesh_model::Model;
 use specmesh_sampling::SamplingParams;
-use specmesh_testing::model_path;
-use specmesh_tokenizer::{ChatMessage, Tokenizer};
 use specmesh_tree::{TokenTree, TreeBuilder, TreeLimits};
 
-fn model() -> &'static Model {
-    static M: OnceLock<Model> = OnceLock::new();
-    M.get_or_init(|| Model::load(&model_path(), &LoadOptions::default()).unwrap())
-}
-
-fn tokenizer() -> &'static Tokenizer {
-    static T: OnceLock<Tokenizer> = OnceLock::new();
-    T.get_or_init(|| Tokenizer::from_gguf_path(&model_path()).unwrap())
-}
-
-fn chat(text: &str) -> Vec<u32> {
-    let t = tokenizer();
-    let rendered = t
-        .apply_chat_template(&[ChatMessage::new("user", text)], true)
-        .unwrap();
-    t.encode_for_model(&rendered).unwrap()
-}
+mod common;
+use common::{chat, model, tokenizer};
 
 const PROMPTS: [&str; 4] = [
     "Summarize: The cat sat on the mat because the mat was warm and the sun was out.",

@@ -14,6 +14,7 @@ pub mod limits;
 mod run;
 mod sampling;
 mod start;
+mod structured;
 
 pub use convert::{ConvertError, tree_from_wire, tree_span, tree_to_wire};
 pub use field::FieldError;
@@ -23,6 +24,9 @@ pub use sampling::check_top_k;
 pub use start::{
     ANONYMOUS_TENANT, CacheScope, CurveFallback, MAX_MODEL_NAME_BYTES, StartSpec, TargetModel,
     sources_from_wire,
+};
+pub use structured::{
+    MAX_TOP_LOGPROBS, logprobs_from_wire, structured_from_wire, structured_to_wire,
 };
 
 /// Generated messages, clients and servers of package `specmesh.v1`.

@@ -3,6 +3,7 @@
 //! limits.
 
 use specmesh_draft::Sources;
+use specmesh_grammar::Structured;
 use specmesh_sampling::SamplingParams;
 
 use crate::field::{FieldError, check_id};
@@ -33,6 +34,15 @@ pub struct RunSpec {
     pub tenant: String,
     /// Narrows the prefix cache's scope within the tenant.
     pub cache_salt: String,
+    /// The constraint the output follows (not compiled yet).
+    pub structured: Option<Structured>,
+    /// Alternatives to report with each committed token's log-probability;
+    /// `None`: no log-probabilities.
+    pub logprobs: Option<usize>,
+    /// No end of sequence in this many first tokens; at most
+    /// `max_new_tokens`.
+    pub min_new_tokens: usize,
+    pub ignore_eos: bool,
 }
 
 /// Where a kept KV cache is found: the caller's key, within its tenant.
@@ -88,11 +98,21 @@ impl TryFrom<v1::RunRequest> for RunSpec {
         if r.max_new_tokens == 0 {
             return Err(FieldError::new("max_new_tokens", "must be >= 1"));
         }
+        if r.min_new_tokens > r.max_new_tokens {
+            return Err(FieldError::new(
+                "min_new_tokens",
+                format!(
+                    "must be at most `max_new_tokens` ({}), got {}",
+                    r.max_new_tokens, r.min_new_tokens
+                ),
+            ));
+        }
         check_id("session_id", &r.session_id)?;
         check_id("cache_key", &r.cache_key)?;
         check_id("tenant", &r.tenant)?;
         check_id("cache_salt", &r.cache_salt)?;
         let sampling = SamplingParams::try_from(r.sampling.unwrap_or_default())?;
+        let logprobs = crate::logprobs_from_wire(r.logprobs, r.top_logprobs)?;
         let draft = match r.draft {
             Some(d) if !d.endpoint.is_empty() => {
                 if d.endpoint.parse::<tonic::transport::Uri>().is_err() {
@@ -147,6 +167,10 @@ impl TryFrom<v1::RunRequest> for RunSpec {
             }),
             tenant: r.tenant,
             cache_salt: r.cache_salt,
+            structured: crate::structured_from_wire(r.structured),
+            logprobs,
+            min_new_tokens: r.min_new_tokens as usize,
+            ignore_eos: r.ignore_eos,
         })
     }
 }

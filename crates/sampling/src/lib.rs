@@ -15,7 +15,7 @@
 mod params;
 mod rng;
 
-pub use params::{SORTED_HEAD, SamplingError, SamplingParams};
+pub use params::{Allowed, SORTED_HEAD, SamplingError, SamplingParams};
 pub use rng::{uniform, uniform_at};
 
 /// Picks the next token from one row of logits at output position `position`.
@@ -24,10 +24,26 @@ pub use rng::{uniform, uniform_at};
 /// the processed distribution is sampled by inverse CDF with
 /// `uniform(seed, position)`.
 pub fn sample(logits: &[f32], params: &SamplingParams, position: u64) -> u32 {
+    sample_in(logits, params, position, None)
+}
+
+/// [`sample`] among the tokens `allowed` lets through (a grammar's mask):
+/// greedy takes the best allowed token, sampling draws from the masked,
+/// renormalised distribution with the same uniform. The mask must allow at
+/// least one token of the row; otherwise token 0 is returned.
+pub fn sample_in(
+    logits: &[f32],
+    params: &SamplingParams,
+    position: u64,
+    allowed: Option<Allowed<'_>>,
+) -> u32 {
     if params.is_greedy() {
-        return argmax(logits);
+        return match allowed {
+            None => argmax(logits),
+            Some(a) => argmax_allowed(logits, a),
+        };
     }
-    let probs = params.distribution(logits);
+    let probs = params.distribution_in(logits, allowed);
     let u = uniform(params.seed, position);
     let mut acc = 0.0f64;
     for &(token, p) in &probs {
@@ -51,9 +67,49 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// Index of the largest value among the allowed ones; the lowest index
+/// wins ties (0 when none is allowed).
+pub fn argmax_allowed(logits: &[f32], allowed: Allowed<'_>) -> u32 {
+    let mut best: Option<usize> = None;
+    for (wi, &w) in allowed.words().iter().enumerate() {
+        let mut bits = w;
+        while bits != 0 {
+            let i = wi * 32 + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let Some(&v) = logits.get(i) else {
+                break;
+            };
+            if best.is_none_or(|b| v > logits[b]) {
+                best = Some(i);
+            }
+        }
+    }
+    best.unwrap_or(0) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mask_confines_greedy_and_sampling_to_its_tokens() {
+        let logits = [3.0f32, 1.0, 2.0, 2.0, 0.5];
+        let words = [0b11010u32]; // tokens 1, 3, 4
+        let a = Allowed::new(&words);
+        assert_eq!(a.count(), 3);
+        assert_eq!(a.single(), None);
+        assert_eq!(Allowed::new(&[0, 1 << 5]).single(), Some(37));
+        assert_eq!(sample_in(&logits, &SamplingParams::greedy(), 0, Some(a)), 3);
+        let p = SamplingParams::new(1.0, 1.0, 0, 3).unwrap();
+        let dist = p.distribution_in(&logits, Some(a));
+        let ids: Vec<u32> = dist.iter().map(|e| e.0).collect();
+        assert_eq!(ids, [3, 1, 4]);
+        let z: f64 = [1.0f64, 2.0, 0.5].iter().map(|l| l.exp()).sum();
+        assert!((dist[0].1 - 2f64.exp() / z).abs() < 1e-6);
+        for i in 0..2000 {
+            assert!(a.allows(sample_in(&logits, &p, i, Some(a))));
+        }
+    }
 
     #[test]
     fn greedy_takes_the_argmax() {

@@ -65,12 +65,25 @@ impl SamplingParams {
     /// fixed order, and top-p only needs the order up to its cut (the rest
     /// is sorted only when the cut falls beyond the head).
     pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f64)> {
+        self.distribution_in(logits, None)
+    }
+
+    /// [`Self::distribution`] over the tokens `allowed` lets through (all
+    /// of them with `None`): the target's distribution under a grammar,
+    /// masked and renormalised before temperature, top-k and top-p, as
+    /// every grammar engine's logits processor does. A token the mask
+    /// forbids is not in the support at all (not merely improbable), so
+    /// nothing, rounding included, can draw it.
+    pub fn distribution_in(&self, logits: &[f32], allowed: Option<Allowed<'_>>) -> Vec<(u32, f64)> {
         let by_logit = |a: &u32, b: &u32| {
             logits[*b as usize]
                 .total_cmp(&logits[*a as usize])
                 .then(a.cmp(b))
         };
-        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let mut idx: Vec<u32> = match allowed {
+            None => (0..logits.len() as u32).collect(),
+            Some(a) => (0..logits.len() as u32).filter(|&t| a.allows(t)).collect(),
+        };
         if idx.is_empty() {
             return Vec::new();
         }
@@ -153,6 +166,51 @@ impl SamplingParams {
             normalise(&mut probs);
         }
         probs
+    }
+}
+
+/// The tokens a constraint (a grammar) allows at one position: bit `t % 32`
+/// of word `t / 32` is set when token `t` may come next (llguidance's and
+/// the GPU bitmask kernels' layout). Tokens past the last word are not
+/// allowed.
+#[derive(Clone, Copy, Debug)]
+pub struct Allowed<'a> {
+    words: &'a [u32],
+}
+
+impl<'a> Allowed<'a> {
+    pub fn new(words: &'a [u32]) -> Allowed<'a> {
+        Allowed { words }
+    }
+
+    pub fn allows(&self, token: u32) -> bool {
+        self.words
+            .get(token as usize / 32)
+            .is_some_and(|w| w >> (token % 32) & 1 == 1)
+    }
+
+    /// How many tokens are allowed.
+    pub fn count(&self) -> usize {
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// The one token allowed, when exactly one is.
+    pub fn single(&self) -> Option<u32> {
+        let mut found = None;
+        for (i, &w) in self.words.iter().enumerate() {
+            if w == 0 {
+                continue;
+            }
+            if found.is_some() || w.count_ones() != 1 {
+                return None;
+            }
+            found = Some(i as u32 * 32 + w.trailing_zeros());
+        }
+        found
+    }
+
+    pub fn words(&self) -> &'a [u32] {
+        self.words
     }
 }
 

@@ -82,6 +82,9 @@ pub struct Built<H = ()> {
     pub routes: Routes,
     /// The main gRPC service's name, whose health the kit reports.
     pub service_name: &'static str,
+    /// What it serves beyond the base protocol, each reported as a health
+    /// service of its own (see [`crate::capability`]).
+    pub capabilities: Vec<&'static str>,
     /// What the drain counts and ends.
     pub drain: Box<dyn Drain>,
     /// The `model` label of its `/metrics` (what it serves).
@@ -119,6 +122,7 @@ impl Built<()> {
         Built {
             routes,
             service_name,
+            capabilities: Vec::new(),
             drain,
             metrics_label: String::new(),
             metrics: Box::new(|_| Ok(())),
@@ -136,6 +140,7 @@ impl<H> Built<H> {
         Built {
             routes: self.routes,
             service_name: self.service_name,
+            capabilities: self.capabilities,
             drain: self.drain,
             metrics_label: self.metrics_label,
             metrics: self.metrics,
@@ -254,6 +259,7 @@ impl<S: Service> Started<S> {
         );
         config.health_listen = endpoints.health_listen;
         config.close_timeout = built.close_timeout;
+        config.capabilities = built.capabilities;
         if let Some((interval, timeout)) = built.keepalive {
             config.keepalive_interval = interval;
             config.keepalive_timeout = timeout;

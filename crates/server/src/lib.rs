@@ -7,13 +7,15 @@
 //! propagation; [`affinity`]: `--cpus`; [`metrics`]: Prometheus `/metrics`;
 //! [`tls`]: mutual TLS with certificate rotation; [`reload`]: files read
 //! again while serving; [`discovery`]: peer lists, static and from DNS;
-//! [`backoff`]: the wait between tries to reach a peer.
+//! [`backoff`]: the wait between tries to reach a peer; [`capability`]:
+//! what a member serves beyond the base protocol.
 
 #![forbid(unsafe_code)]
 
 pub mod affinity;
 pub mod app;
 pub mod backoff;
+pub mod capability;
 pub mod cli;
 pub mod client;
 pub mod discovery;

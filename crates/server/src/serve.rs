@@ -81,6 +81,8 @@ pub struct ServeConfig {
     pub security: Security,
     /// A plaintext listener serving health alone, for probes.
     pub health_listen: Option<SocketAddr>,
+    /// Capabilities, reported as health services ([`crate::capability`]).
+    pub capabilities: Vec<&'static str>,
 }
 
 impl ServeConfig {
@@ -100,6 +102,7 @@ impl ServeConfig {
             keepalive_timeout: Duration::from_secs(10),
             security,
             health_listen: None,
+            capabilities: Vec::new(),
         }
     }
 }
@@ -131,6 +134,11 @@ pub async fn serve(
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
+    for capability in &config.capabilities {
+        reporter
+            .set_service_status(*capability, tonic_health::ServingStatus::Serving)
+            .await;
+    }
     let (reflection_v1, reflection_v1alpha) =
         crate::reflection(config.service).context("building the reflection service")?;
     // Served until `serve` returns, so probes see the drain.

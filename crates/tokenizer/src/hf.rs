@@ -224,6 +224,7 @@ pub(crate) fn parts_from_dir(dir: &Path) -> Result<Parts, TokenizerError> {
         encoder,
         pieces,
         piece_bytes,
+        unused: vec![false; special.len()],
         special,
         strip_leading_space,
         bos,

@@ -82,6 +82,9 @@ pub(crate) struct Parts {
     pub piece_bytes: Vec<Vec<u8>>,
     /// Ids dropped by `decode(.., skip_special = true)`.
     pub special: Vec<bool>,
+    /// Ids the vocabulary marks unused (GGUF type 5: the padding up to the
+    /// embedding width); a model should never emit them.
+    pub unused: Vec<bool>,
     /// SentencePiece models prepend a space when encoding; decoding drops it.
     pub strip_leading_space: bool,
     pub bos: Option<u32>,
@@ -103,6 +106,7 @@ struct Inner {
     pieces: Vec<Option<String>>,
     piece_bytes: Vec<Vec<u8>>,
     special: Vec<bool>,
+    unused: Vec<bool>,
     strip_leading_space: bool,
     bos: Option<u32>,
     eos: Option<u32>,
@@ -198,6 +202,7 @@ impl Tokenizer {
                 pieces: parts.pieces,
                 piece_bytes: parts.piece_bytes,
                 special: parts.special,
+                unused: parts.unused,
                 strip_leading_space: parts.strip_leading_space,
                 bos: parts.bos,
                 eos: parts.eos,
@@ -334,6 +339,13 @@ impl Tokenizer {
             .get(id as usize)
             .copied()
             .unwrap_or(false)
+    }
+
+    /// Whether `id` is a padding id the vocabulary marks unused (GGUF type
+    /// 5), or no id at all: text never contains it.
+    pub fn is_unused(&self, id: u32) -> bool {
+        self.inner.unused.get(id as usize).copied().unwrap_or(false)
+            || !matches!(self.inner.pieces.get(id as usize), Some(Some(_)))
     }
 
     pub fn has_chat_template(&self) -> bool {

@@ -17,4 +17,8 @@ pub enum VerifyError {
     RaggedBuffer { len: usize, vocab: usize },
     #[error("a logits buffer needs a vocabulary of at least one token")]
     EmptyVocab,
+    #[error("the grammar allows no token of the vocabulary at node {node}")]
+    NothingAllowed { node: usize },
+    #[error("the grammar failed: {0}")]
+    Constraint(#[from] crate::constraint::ConstraintError),
 }

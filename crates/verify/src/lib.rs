@@ -25,18 +25,28 @@
 //! not derive its candidates from draws 1.. of the same seed, or rule 3's
 //! accept tests would not be independent of the candidates.
 //!
+//! Under a constraint on the output (a grammar, see [`Constraint`]) every
+//! decision is the masked, renormalised distribution's, drafted nodes the
+//! constraint forbids are cut before the forward, and what it forces is
+//! grafted as nodes ([`constrain`]).
+//!
 //! For each node of the accepted path the verifier also returns the target's
 //! top-k tokens with log-probabilities (raw logits at temperature 1), the
 //! input of token recycling (Luo et al. 2024, arXiv 2408.08696).
 
 #![forbid(unsafe_code)]
 
+mod constraint;
 mod error;
+mod min_tokens;
 mod rows;
 mod rrs;
 mod topk;
 mod verify;
 
+pub use constraint::{Constrained, Constraint, ConstraintError, constrain};
 pub use error::VerifyError;
+pub use min_tokens::MinTokens;
 pub use rows::{LogitRows, RowMajor};
-pub use verify::{Verification, verify};
+pub use topk::TokenLogprobs;
+pub use verify::{Extras, Verification, verify, verify_with};

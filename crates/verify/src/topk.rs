@@ -8,6 +8,67 @@
 //! is recycled.
 
 use specmesh_numeric::softmax_normaliser;
+use specmesh_sampling::Allowed;
+
+/// A committed token's log-probability and its position's most likely
+/// tokens, as the APIs' `logprobs` report them: log-softmax of the raw
+/// row at temperature 1 (before temperature, top-k and top-p, as OpenAI and
+/// vLLM report them), over the tokens a constraint allows when there is
+/// one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    /// Most likely first, lower token id first on ties.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// `token`'s [`TokenLogprobs`] at `row`, with `n` alternatives.
+pub(crate) fn token_logprobs(
+    row: &[f32],
+    allowed: Option<Allowed<'_>>,
+    token: u32,
+    n: usize,
+) -> TokenLogprobs {
+    let Some(a) = allowed else {
+        let best = top_entries(row, n.max(1));
+        let lse = log_sum_exp(row, best.first().map_or(f32::NEG_INFINITY, |b| b.0));
+        let lp = |t: u32| {
+            row.get(t as usize)
+                .map_or(f32::NEG_INFINITY, |&v| (v as f64 - lse) as f32)
+        };
+        return TokenLogprobs {
+            token,
+            logprob: lp(token),
+            top: best.into_iter().take(n).map(|(_, t)| (t, lp(t))).collect(),
+        };
+    };
+    // Under a mask: the allowed logits alone, so the normaliser and the
+    // ranking see nothing else.
+    let kept: Vec<(u32, f32)> = (0..row.len() as u32)
+        .filter(|&t| a.allows(t))
+        .map(|t| (t, row[t as usize]))
+        .collect();
+    let values: Vec<f32> = kept.iter().map(|e| e.1).collect();
+    let best = top_entries(&values, n.max(1));
+    let lse = log_sum_exp(&values, best.first().map_or(f32::NEG_INFINITY, |b| b.0));
+    let lp = |v: f32| (v as f64 - lse) as f32;
+    let logprob = if a.allows(token) {
+        row.get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&v| lp(v))
+    } else {
+        f32::NEG_INFINITY
+    };
+    TokenLogprobs {
+        token,
+        logprob,
+        top: best
+            .into_iter()
+            .take(n)
+            .map(|(v, i)| (kept[i as usize].0, lp(v)))
+            .collect(),
+    }
+}
 
 /// The `k` largest entries of `row` as (token, log-probability), most likely
 /// first, lower token id first on ties.

@@ -1,11 +1,12 @@
 //! The walk down the tree: at each node decide the target's token for that
 //! output position, descend into the child carrying it, stop otherwise.
 
-use specmesh_sampling::{SamplingParams, sample, uniform_at};
+use specmesh_sampling::{Allowed, SamplingParams, sample_in, uniform_at};
 use specmesh_tree::TokenTree;
 
+use crate::constraint::Constraint;
 use crate::rrs::{Decision, recursive_rejection};
-use crate::topk::top_logprobs;
+use crate::topk::{TokenLogprobs, token_logprobs, top_logprobs};
 use crate::{LogitRows, VerifyError};
 
 /// What the target accepted of a tree.
@@ -23,6 +24,23 @@ pub struct Verification {
     /// input of token recycling; see [`crate`] docs). Empty vectors when
     /// `top_k` is 0.
     pub top_k: Vec<Vec<(u32, f32)>>,
+    /// With [`Extras::logprobs`]: for each committed token (the accepted
+    /// ones, then the bonus), its log-probability and the most likely
+    /// tokens at its position, under the constraint's mask when there is
+    /// one. Empty otherwise.
+    pub logprobs: Vec<TokenLogprobs>,
+}
+
+/// What a verification does beyond choosing tokens.
+#[derive(Debug, Default)]
+pub struct Extras<'a> {
+    /// The output's constraint (a grammar), at the root's next position:
+    /// every decision is taken from the masked distribution, and the
+    /// constraint is advanced past every committed token.
+    pub constraint: Option<&'a mut dyn Constraint>,
+    /// Report log-probabilities of the committed tokens with this many
+    /// alternatives each (at most 20 by the APIs).
+    pub logprobs: Option<usize>,
 }
 
 impl Verification {
@@ -69,6 +87,50 @@ pub fn verify<R: LogitRows + ?Sized>(
     position: u64,
     top_k: usize,
 ) -> Result<Verification, VerifyError> {
+    verify_with(tree, rows, params, position, top_k, Extras::default())
+}
+
+/// [`verify`] under a constraint and with log-probabilities (see
+/// [`Extras`]). A tree under a constraint must have been fitted to it
+/// ([`crate::constrain`]): a node it forbids is never chosen, whatever its
+/// row says.
+pub fn verify_with<R: LogitRows + ?Sized>(
+    tree: &TokenTree,
+    rows: &R,
+    params: &SamplingParams,
+    position: u64,
+    top_k: usize,
+    mut extras: Extras<'_>,
+) -> Result<Verification, VerifyError> {
+    let mut advanced = 0;
+    let result = walk(
+        tree,
+        rows,
+        params,
+        position,
+        top_k,
+        &mut extras,
+        &mut advanced,
+    );
+    if result.is_err()
+        && advanced > 0
+        && let Some(c) = extras.constraint.as_deref_mut()
+    {
+        // A refused verification leaves the constraint where it was.
+        c.rollback(advanced)?;
+    }
+    result
+}
+
+fn walk<R: LogitRows + ?Sized>(
+    tree: &TokenTree,
+    rows: &R,
+    params: &SamplingParams,
+    position: u64,
+    top_k: usize,
+    extras: &mut Extras<'_>,
+    advanced: &mut usize,
+) -> Result<Verification, VerifyError> {
     if rows.num_rows() < tree.len() {
         return Err(VerifyError::TooFewRows {
             nodes: tree.len(),
@@ -79,6 +141,7 @@ pub fn verify<R: LogitRows + ?Sized>(
     let mut path = vec![0];
     let mut top = Vec::with_capacity(tree.max_depth() + 1);
     let mut node = 0;
+    let mut logprobs = Vec::new();
     let bonus = loop {
         let row = rows.row(node);
         if row.len() != vocab {
@@ -91,12 +154,37 @@ pub fn verify<R: LogitRows + ?Sized>(
         top.push(top_logprobs(row, top_k));
         // Wrapping: positions are keys of the random stream, not sizes.
         let at = position.wrapping_add(tree.depth(node) as u64);
-        match step(tree, node, row, params, at) {
+        let (decided, token) = match extras.constraint.as_deref_mut() {
+            None => {
+                let decided = step(tree, node, row, params, at, None);
+                let token = decided.token(tree);
+                if let Some(n) = extras.logprobs {
+                    logprobs.push(token_logprobs(row, None, token, n));
+                }
+                (decided, token)
+            }
+            Some(c) => {
+                let words = c.allowed()?;
+                let allowed = Allowed::new(words);
+                if words.iter().all(|&w| w == 0) {
+                    return Err(VerifyError::NothingAllowed { node });
+                }
+                let decided = step(tree, node, row, params, at, Some(allowed));
+                let token = decided.token(tree);
+                if let Some(n) = extras.logprobs {
+                    logprobs.push(token_logprobs(row, Some(allowed), token, n));
+                }
+                c.advance(token)?;
+                *advanced += 1;
+                (decided, token)
+            }
+        };
+        match decided {
             Step::Descend(child) => {
                 path.push(child);
                 node = child;
             }
-            Step::Stop(token) => break token,
+            Step::Stop(_) => break token,
         }
     };
     let accepted = path[1..].iter().map(|&n| tree.token(n)).collect();
@@ -105,6 +193,7 @@ pub fn verify<R: LogitRows + ?Sized>(
         accepted,
         bonus,
         top_k: top,
+        logprobs,
     })
 }
 
@@ -113,14 +202,31 @@ enum Step {
     Stop(u32),
 }
 
-/// Decides the token at output position `at` from `node`'s row.
-fn step(tree: &TokenTree, node: usize, row: &[f32], params: &SamplingParams, at: u64) -> Step {
+impl Step {
+    fn token(&self, tree: &TokenTree) -> u32 {
+        match *self {
+            Step::Descend(child) => tree.token(child),
+            Step::Stop(token) => token,
+        }
+    }
+}
+
+/// Decides the token at output position `at` from `node`'s row, among the
+/// tokens `allowed` lets through.
+fn step(
+    tree: &TokenTree,
+    node: usize,
+    row: &[f32],
+    params: &SamplingParams,
+    at: u64,
+    allowed: Option<Allowed<'_>>,
+) -> Step {
     let children = tree.children(node);
     if !params.is_greedy()
         && !children.is_empty()
         && let Some(q) = tree.draft_dist(node)
     {
-        let p = params.distribution(row);
+        let p = params.distribution_in(row, allowed);
         let tokens: Vec<u32> = children.iter().map(|&c| tree.token(c as usize)).collect();
         let draw = |d| uniform_at(params.seed, at, d);
         match recursive_rejection(&p, q.entries(), &tokens, row.len(), draw) {
@@ -131,7 +237,7 @@ fn step(tree: &TokenTree, node: usize, row: &[f32], params: &SamplingParams, at:
     }
     // The probability-free rule (greedy is its temperature-0 case): the
     // token plain decoding emits here, kept if the tree drafted it.
-    let y = sample(row, params, at);
+    let y = sample_in(row, params, at, allowed);
     match tree.child_with(node, y) {
         Some(child) => Step::Descend(child),
         None => Step::Stop(y),

@@ -140,6 +140,9 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built<Arc<
         SERVICE_NAME,
         Box::new(drain),
     );
+    // It reads outcomes whose committed tokens run past the path by what a
+    // grammar forced (`StepOutcome.forced`).
+    built.capabilities = vec![specmesh_server::capability::STRUCTURED];
     // Labelled with what this drafter drafts with.
     built.metrics_label = config.draft_model.as_ref().map_or_else(
         || "model-free".to_string(),

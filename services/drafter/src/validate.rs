@@ -48,6 +48,9 @@ pub struct Report {
     /// The accepted path in the reported tree's nodes.
     pub path: Vec<u32>,
     pub committed: Vec<u32>,
+    /// Tokens of `committed` after the path's accepted ones that the
+    /// output's grammar forced (not drafted by us).
+    pub forced: usize,
     /// (token, log-probability) rows.
     pub top_k: Vec<Vec<(u32, f32)>>,
     pub batch_size: u32,
@@ -80,6 +83,7 @@ impl Report {
             step: o.step,
             span: u64::from(o.span.max(1)),
             path: o.path,
+            forced: (o.forced as usize).min(o.committed.len()),
             committed: o.committed,
             top_k: top_k_from_wire(o.top_k, vocab)?,
             batch_size: o.batch_size,
@@ -168,7 +172,7 @@ impl Outcome {
             ));
         }
         if !path.is_empty() {
-            check_committed_follows_path(&o.committed, &path, tree)?;
+            check_committed_follows_path(&o.committed, o.forced, &path, tree)?;
         }
         check_rows(&o.top_k, path.len().max(1), "path node")?;
         let pruned = match &o.granted {
@@ -251,11 +255,12 @@ impl SpanOutcome {
             );
             return Err(DrafterError::invalid("outcome.path", reason));
         }
-        if o.committed.len() != steps {
+        if o.committed.len() != steps + o.forced {
             let reason = format!(
                 "has {} tokens, but the outcome reports {steps} steps that verified the root \
-                 alone: one token each",
-                o.committed.len()
+                 alone and {} tokens the grammar forced: one token each, and those",
+                o.committed.len(),
+                o.forced
             );
             return Err(DrafterError::invalid("outcome.committed", reason));
         }
@@ -303,12 +308,14 @@ fn check_path(wire: &[u32], tree: &TokenTree) -> Result<Vec<usize>, DrafterError
 /// when a stop rule ended the session mid-path).
 fn check_committed_follows_path(
     committed: &[u32],
+    forced: usize,
     path: &[usize],
     tree: &TokenTree,
 ) -> Result<(), DrafterError> {
-    if committed.len() > path.len() {
+    if committed.len() > path.len() + forced {
         let reason = format!(
-            "has {} tokens but the path accepts {}: at most one more than the accepted nodes",
+            "has {} tokens but the path accepts {} and the grammar forced {forced}: at most \
+             one more than those",
             committed.len(),
             path.len() - 1
         );

@@ -158,7 +158,14 @@ impl DecodeLoop {
         sink: &mut impl DeltaSink,
     ) -> Result<Summary, GatewayError> {
         let mut progress = Progress {
-            output: OutputBuilder::new(&self.tokenizer, request.stop.clone()),
+            output: {
+                let b = OutputBuilder::new(&self.tokenizer, request.stop.clone());
+                if request.logprobs.is_some() {
+                    b.with_logprobs(&self.tokenizer)
+                } else {
+                    b
+                }
+            },
             stats: SpecStats::default(),
             first_token_at: None,
             last_token_at: None,
@@ -194,9 +201,18 @@ impl DecodeLoop {
                 }
                 // Out of capacity somewhere is worth retrying later; no
                 // verifier at all is unavailability.
+                let capable = self
+                    .members
+                    .placer()
+                    .verifiers()
+                    .iter()
+                    .any(|v| v.serves_structured());
                 return Err(match full {
                     Some(last) => GatewayError::VerifierExhausted {
                         message: format!("{last} ({attempts} verifiers tried)"),
+                    },
+                    None if needs_capability(request) && !capable => GatewayError::Unsupported {
+                        what: "structured outputs, logprobs, min_new_tokens or ignore_eos",
                     },
                     None => GatewayError::NoVerifier { attempts },
                 });
@@ -307,6 +323,7 @@ impl DecodeLoop {
             speculate: request.speculation.speculates(),
             prefix: &prefix,
             need_blocks: reserve.div_ceil(BLOCK_TOKENS) as u64,
+            structured: needs_capability(request),
         };
         let placement = self.members.placer().place(key, failed, epoch)?;
         let predicted = placement.predicted_blocks * BLOCK_TOKENS;
@@ -402,6 +419,7 @@ impl Progress {
         let rest = self.output.finish();
         last.text.push_str(&rest.text);
         last.token_ids.extend(rest.token_ids);
+        last.logprobs.extend(rest.logprobs);
         Summary {
             last,
             finish_reason: reason,
@@ -475,6 +493,14 @@ fn run_request(
         tenant: request.tenant.clone(),
         release_cache: request.end_session,
         cache_salt: request.cache_salt.clone(),
+        structured: request
+            .structured
+            .as_ref()
+            .map(specmesh_proto::structured_to_wire),
+        logprobs: request.logprobs.is_some(),
+        top_logprobs: request.logprobs.unwrap_or(0) as u32,
+        min_new_tokens: request.min_new_tokens.saturating_sub(done),
+        ignore_eos: request.ignore_eos,
     }
 }
 
@@ -527,7 +553,7 @@ async fn commit(
     }
     let delta = progress
         .output
-        .push(tokens)
+        .push(tokens, &step.logprobs)
         .map_err(|e| AttemptError::Fatal(GatewayError::Protocol(e.to_string())))?;
     let reason = if progress.output.stopped() {
         Some(FinishReason::Stop)
@@ -546,6 +572,15 @@ async fn commit(
             .map_err(|ClientGone| AttemptError::Fatal(GatewayError::Cancelled))?;
     }
     Ok(reason)
+}
+
+/// The request asks what only verifiers serving
+/// [`specmesh_server::capability::STRUCTURED`] honour.
+fn needs_capability(request: &ValidGenerateRequest) -> bool {
+    request.structured.is_some()
+        || request.logprobs.is_some()
+        || request.min_new_tokens > 0
+        || request.ignore_eos
 }
 
 /// Tokens the request may still generate.

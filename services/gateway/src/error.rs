@@ -32,6 +32,13 @@ pub enum GatewayError {
     /// No verifier could run (or keep running) the request.
     #[error("no verifier is available for the request ({attempts} attempted); retry later")]
     NoVerifier { attempts: u32 },
+    /// The request needs what no verifier of this gateway serves (an older
+    /// version that would ignore the field rather than refuse it).
+    #[error(
+        "no verifier serves {what}: the verifiers are older than this gateway; upgrade them, or \
+         send the request without it"
+    )]
+    Unsupported { what: &'static str },
     /// A verifier refused the request for lack of capacity (KV memory,
     /// sessions); the caller may retry later.
     #[error("the verifier is out of capacity: {message}")]
@@ -78,6 +85,7 @@ impl GatewayError {
             }
             Self::DeadlineExceeded { .. } => Code::DeadlineExceeded,
             Self::NoVerifier { .. } | Self::Draining | Self::ShutDown { .. } => Code::Unavailable,
+            Self::Unsupported { .. } => Code::FailedPrecondition,
             Self::VerifierRejected { .. } => Code::InvalidArgument,
             Self::Precondition { .. } => Code::FailedPrecondition,
             Self::VerifierFailed { .. } | Self::Protocol(_) => Code::Internal,

@@ -105,7 +105,11 @@ async fn watch(role: Role, member: Member, channel: Channel) {
                 // Each update is the member's status now; the stream ends
                 // or breaks only when the member goes away.
                 while let Ok(Some(update)) = updates.message().await {
-                    set(role, &member, update.status() == ServingStatus::Serving);
+                    let up = update.status() == ServingStatus::Serving;
+                    if up {
+                        capabilities(&mut client, &member).await;
+                    }
+                    set(role, &member, up);
                     retry.reset();
                 }
                 set(role, &member, false);
@@ -122,6 +126,25 @@ async fn watch(role: Role, member: Member, channel: Channel) {
             Err(_) => set(role, &member, false),
         }
         tokio::time::sleep(retry.next_wait()).await;
+    }
+}
+
+/// Asks the member which capabilities it serves (each a health service of
+/// its own name, see [`specmesh_server::capability`]); an older member
+/// answers NOT_FOUND, and is not placed on for them.
+async fn capabilities(client: &mut HealthClient<Channel>, member: &Member) {
+    let request = HealthCheckRequest {
+        service: specmesh_server::capability::STRUCTURED.to_owned(),
+    };
+    let serves = client
+        .check(request)
+        .await
+        .is_ok_and(|r| r.into_inner().status() == ServingStatus::Serving);
+    let was = member
+        .structured
+        .swap(serves, std::sync::atomic::Ordering::Relaxed);
+    if was != serves {
+        tracing::info!(endpoint = %member.endpoint, serves, "structured outputs capability");
     }
 }
 

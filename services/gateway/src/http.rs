@@ -17,6 +17,7 @@ mod error;
 mod layers;
 mod listener;
 pub mod openai;
+mod tokens;
 
 pub use layers::Limits;
 
@@ -66,6 +67,8 @@ pub fn router(service: GenerationService, model: &str, limits: Limits) -> Router
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route_layer(axum::middleware::from_fn_with_state(
             front.clone(),
             authenticate,
@@ -182,11 +185,56 @@ async fn health(State(front): State<Front>) -> Response {
     axum::Json(json!({"status": "ok"})).into_response()
 }
 
+/// The served model, with vLLM's `root` and `max_model_len` (benchmark
+/// clients size their prompts by it).
 async fn models(State(front): State<Front>) -> impl IntoResponse {
+    let max_model_len = front.state.validator().limits().max_context;
     axum::Json(json!({
         "object": "list",
-        "data": [{"id": &*front.model, "object": "model", "created": 0, "owned_by": "specmesh"}],
+        "data": [{
+            "id": &*front.model, "object": "model", "created": 0, "owned_by": "specmesh",
+            "root": &*front.model, "parent": null, "max_model_len": max_model_len,
+        }],
     }))
+}
+
+/// A body of `T` for a route that names the model optionally.
+fn parse_named<T: serde::de::DeserializeOwned>(
+    front: &Front,
+    body: &Bytes,
+    model: impl Fn(&T) -> Option<&str>,
+) -> Result<T, Box<ApiError>> {
+    let parsed: T = serde_json::from_slice(body).map_err(|e| Box::new(ApiError::bad_json(&e)))?;
+    match model(&parsed) {
+        Some(m) if m != &*front.model => Err(Box::new(ApiError::unknown_model(m, &front.model))),
+        _ => Ok(parsed),
+    }
+}
+
+async fn tokenize(State(front): State<Front>, body: Result<Bytes, BytesRejection>) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(r) => return layers::unread_body(&r),
+    };
+    let v = front.state.validator();
+    parse_named(&front, &body, |r: &tokens::TokenizeRequest| {
+        r.model.as_deref()
+    })
+    .and_then(|r| tokens::tokenize(v.tokenizer(), v.limits().max_context, r))
+    .map_or_else(|e| e.into_response(), |j| axum::Json(j).into_response())
+}
+
+async fn detokenize(State(front): State<Front>, body: Result<Bytes, BytesRejection>) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(r) => return layers::unread_body(&r),
+    };
+    let v = front.state.validator();
+    parse_named(&front, &body, |r: &tokens::DetokenizeRequest| {
+        r.model.as_deref()
+    })
+    .and_then(|r| tokens::detokenize(v.tokenizer(), r))
+    .map_or_else(|e| e.into_response(), |j| axum::Json(j).into_response())
 }
 
 fn now() -> u64 {
@@ -319,20 +367,25 @@ impl Kind {
         }
     }
 
-    /// One choice carrying `text`.
-    fn choice(self, stream: bool, text: &str, finish: Option<&str>) -> Value {
+    /// One choice carrying `text` (and its tokens' `logprobs`).
+    fn choice(self, stream: bool, text: &str, finish: Option<&str>, logprobs: Value) -> Value {
         match (self, stream) {
             (Kind::Chat, false) => json!({
                 "index": 0, "message": {"role": "assistant", "content": text},
-                "finish_reason": finish, "logprobs": null,
+                "finish_reason": finish, "logprobs": logprobs,
             }),
             (Kind::Chat, true) => json!({
-                "index": 0, "delta": {"content": text}, "finish_reason": finish, "logprobs": null,
+                "index": 0, "delta": {"content": text}, "finish_reason": finish,
+                "logprobs": logprobs,
             }),
             (Kind::Completion, _) => json!({
-                "index": 0, "text": text, "finish_reason": finish, "logprobs": null,
+                "index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs,
             }),
         }
+    }
+
+    fn is_chat(self) -> bool {
+        matches!(self, Kind::Chat)
     }
 
     /// The gateway's error in OpenAI's shape.
@@ -356,6 +409,7 @@ async fn respond(
         Ok(p) => p,
         Err(e) => return (*e).into_response(),
     };
+    let logprobs = request.logprobs;
     let state = &front.state;
     let id = metadata
         .get(REQUEST_ID_HEADER)
@@ -370,7 +424,14 @@ async fn respond(
     let model = front.model.to_string();
     if stream {
         let events = state.generate_stream(admitted, ctx, span);
-        let events = sse(events, kind, request_id.clone(), model, include_usage);
+        let events = sse(
+            events,
+            kind,
+            request_id.clone(),
+            model,
+            include_usage,
+            logprobs,
+        );
         Sse::new(events)
             .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
             .into_response()
@@ -378,13 +439,15 @@ async fn respond(
         match state.generate(admitted, ctx, span).await {
             Ok(g) => {
                 let finish = openai::finish_reason(g.summary.finish_reason.into());
+                let lp = openai::choice_logprobs(&g.logprobs, kind.is_chat(), logprobs, 0);
                 axum::Json(json!({
                     "id": kind.id(&request_id),
                     "object": kind.object(false),
                     "created": now(),
                     "model": model,
-                    "choices": [kind.choice(false, &g.text, finish)],
+                    "choices": [kind.choice(false, &g.text, finish, lp)],
                     "usage": openai::Usage::from(g.summary.usage),
+                    "metrics": openai::vllm_metrics(&g.summary.speculation),
                     "specmesh": openai::Speculation::from(g.summary.speculation),
                 }))
                 .into_response()
@@ -405,10 +468,13 @@ fn sse(
     request_id: String,
     model: String,
     include_usage: bool,
+    logprobs: bool,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static {
     let created = now();
     let id = kind.id(&request_id);
-    let frame = move |choices: Vec<Value>, usage: Option<openai::Usage>, extra: Option<Value>| {
+    let frame = move |choices: Vec<Value>,
+                      usage: Option<openai::Usage>,
+                      spec: Option<&v1::SpeculationStats>| {
         let mut v = json!({
             "id": id, "object": kind.object(true), "created": created, "model": model,
             "choices": choices,
@@ -416,8 +482,9 @@ fn sse(
         if let Some(u) = usage {
             v["usage"] = json!(u);
         }
-        if let Some(s) = extra {
-            v["specmesh"] = s;
+        if let Some(s) = spec {
+            v["specmesh"] = json!(openai::Speculation::from(*s));
+            v["metrics"] = openai::vllm_metrics(s);
         }
         SseEvent::default().data(v.to_string())
     };
@@ -431,22 +498,36 @@ fn sse(
                 return;
             }
         }
+        // Text sent so far: the legacy logprobs' `text_offset`.
+        let mut sent = 0;
         while let Some(event) = events.recv().await {
             let frames = match event {
-                Ok(Event::Delta(d)) if d.text.is_empty() => continue,
+                Ok(Event::Delta(d)) if d.text.is_empty() && d.logprobs.is_empty() => continue,
                 Ok(Event::Delta(d)) => {
-                    vec![frame(vec![kind.choice(true, &d.text, None)], None, None)]
+                    let lp = openai::choice_logprobs(&d.logprobs, kind.is_chat(), logprobs, sent);
+                    sent += d.text.len();
+                    vec![frame(
+                        vec![kind.choice(true, &d.text, None, lp)],
+                        None,
+                        None,
+                    )]
                 }
                 Ok(Event::Done(summary)) => {
                     let finish = openai::finish_reason(summary.finish_reason.into());
-                    let extra = json!(openai::Speculation::from(summary.speculation));
+                    let lp = openai::choice_logprobs(
+                        &summary.last.logprobs,
+                        kind.is_chat(),
+                        logprobs,
+                        sent,
+                    );
+                    let spec = summary.speculation;
                     let mut frames = vec![frame(
-                        vec![kind.choice(true, &summary.last.text, finish)],
+                        vec![kind.choice(true, &summary.last.text, finish, lp)],
                         None,
-                        Some(extra),
+                        Some(&spec),
                     )];
                     if include_usage {
-                        frames.push(frame(Vec::new(), Some(summary.usage.into()), None));
+                        frames.push(frame(Vec::new(), Some(summary.usage.into()), Some(&spec)));
                     }
                     frames.push(SseEvent::default().data("[DONE]"));
                     frames

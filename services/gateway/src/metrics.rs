@@ -2,7 +2,11 @@
 //! schema (`spec_decode_num_drafts`, `…_num_draft_tokens`,
 //! `…_num_accepted_tokens`, `…_num_accepted_tokens_per_pos`) with our
 //! prefix, from the `Committed` steps every request receives, so the totals
-//! equal the sums of the responses' `speculation` statistics. Requests are
+//! equal the sums of the responses' `speculation` statistics; the same
+//! four counters are exported under vLLM's own names as well
+//! (`vllm:spec_decode_num_drafts_total`, …), which benchmark clients
+//! (NVIDIA AIPerf, `vllm bench serve`) read from a server's `/metrics`.
+//! Tokens a `structured` constraint forced are counted apart. Requests are
 //! counted by their gRPC status code; latencies are histograms.
 
 use std::sync::Arc;
@@ -22,12 +26,71 @@ use crate::members::Members;
 /// with deep trees cannot grow the label set without bound.
 const MAX_POSITION_LABEL: usize = 64;
 
+/// vLLM's four speculative-decoding counters, under one prefix.
 #[derive(Debug, Clone)]
-pub struct GatewayMetrics {
+struct SpecCounters {
     num_drafts: IntCounter,
     num_draft_tokens: IntCounter,
     num_accepted_tokens: IntCounter,
     accepted_per_pos: IntCounterVec,
+}
+
+impl SpecCounters {
+    fn new(prefix: &str) -> SpecCounters {
+        SpecCounters {
+            num_drafts: counter(
+                &format!("{prefix}spec_decode_num_drafts_total"),
+                "Verify steps that verified drafted tokens.",
+            ),
+            num_draft_tokens: counter(
+                &format!("{prefix}spec_decode_num_draft_tokens_total"),
+                "Drafted tokens (tree nodes) verified.",
+            ),
+            num_accepted_tokens: counter(
+                &format!("{prefix}spec_decode_num_accepted_tokens_total"),
+                "Drafted tokens the target accepted.",
+            ),
+            accepted_per_pos: IntCounterVec::new(
+                Opts::new(
+                    format!("{prefix}spec_decode_num_accepted_tokens_per_pos_total"),
+                    "Accepted drafted tokens by their position on the accepted path (0: the first after the root).",
+                ),
+                &["position"],
+            )
+            .expect("a valid counter"),
+        }
+    }
+
+    fn register(&self, registry: &Registry) {
+        register(registry, self.num_drafts.clone());
+        register(registry, self.num_draft_tokens.clone());
+        register(registry, self.num_accepted_tokens.clone());
+        register(registry, self.accepted_per_pos.clone());
+    }
+
+    fn step(&self, drafted: u32, accepted: u32) {
+        self.num_drafts.inc();
+        self.num_draft_tokens.inc_by(u64::from(drafted));
+        self.num_accepted_tokens.inc_by(u64::from(accepted));
+        for pos in 0..accepted as usize {
+            let label = if pos < MAX_POSITION_LABEL {
+                pos.to_string()
+            } else {
+                format!("{MAX_POSITION_LABEL}+")
+            };
+            self.accepted_per_pos
+                .with_label_values(&[label.as_str()])
+                .inc();
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GatewayMetrics {
+    spec: SpecCounters,
+    /// The same, under vLLM's names.
+    vllm: SpecCounters,
+    forced_tokens: IntCounter,
     requests: IntCounterVec,
     ttft: Histogram,
     itl: Histogram,
@@ -62,28 +125,18 @@ impl GatewayMetrics {
             0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5,
         ];
         GatewayMetrics {
-            num_drafts: counter(
-                "specmesh_spec_decode_num_drafts_total",
-                "Verify steps that verified drafted tokens.",
+            spec: SpecCounters::new("specmesh_"),
+            vllm: SpecCounters::new("vllm:"),
+            forced_tokens: counter(
+                "specmesh_forced_tokens_total",
+                "Tokens accepted from what a request's `structured` constraint forced (verified as \
+                 drafts the verifier added; not in the spec_decode counters).",
             ),
-            num_draft_tokens: counter(
-                "specmesh_spec_decode_num_draft_tokens_total",
-                "Drafted tokens (tree nodes) verified.",
-            ),
-            num_accepted_tokens: counter(
-                "specmesh_spec_decode_num_accepted_tokens_total",
-                "Drafted tokens the target accepted.",
-            ),
-            accepted_per_pos: IntCounterVec::new(
-                Opts::new(
-                    "specmesh_spec_decode_num_accepted_tokens_per_pos_total",
-                    "Accepted drafted tokens by their position on the accepted path (0: the first after the root).",
-                ),
-                &["position"],
-            )
-            .expect("a valid counter"),
             requests: IntCounterVec::new(
-                Opts::new("specmesh_requests_total", "Generation requests by gRPC status code."),
+                Opts::new(
+                    "specmesh_requests_total",
+                    "Generation requests by gRPC status code.",
+                ),
                 &["code"],
             )
             .expect("a valid counter"),
@@ -102,7 +155,10 @@ impl GatewayMetrics {
                 "Seconds from a request's arrival to its last token.",
                 latency,
             ),
-            prompt_tokens: counter("specmesh_prompt_tokens_total", "Prompt tokens of finished requests."),
+            prompt_tokens: counter(
+                "specmesh_prompt_tokens_total",
+                "Prompt tokens of finished requests.",
+            ),
             generation_tokens: counter(
                 "specmesh_generation_tokens_total",
                 "Tokens generated by finished requests.",
@@ -171,10 +227,9 @@ impl GatewayMetrics {
     }
 
     pub fn register(&self, registry: &Registry) {
-        register(registry, self.num_drafts.clone());
-        register(registry, self.num_draft_tokens.clone());
-        register(registry, self.num_accepted_tokens.clone());
-        register(registry, self.accepted_per_pos.clone());
+        self.spec.register(registry);
+        self.vllm.register(registry);
+        register(registry, self.forced_tokens.clone());
         register(registry, self.requests.clone());
         register(registry, self.ttft.clone());
         register(registry, self.itl.clone());
@@ -193,23 +248,14 @@ impl GatewayMetrics {
 
     /// One verify step, counted as [`crate::stats::SpecStats`] counts it.
     pub fn step(&self, step: &Committed) {
+        self.forced_tokens
+            .inc_by(u64::from(step.forced.min(step.tokens.len() as u32)));
         if step.drafted == 0 {
             return;
         }
         let accepted = step.accepted.min(step.drafted);
-        self.num_drafts.inc();
-        self.num_draft_tokens.inc_by(u64::from(step.drafted));
-        self.num_accepted_tokens.inc_by(u64::from(accepted));
-        for pos in 0..accepted as usize {
-            let label = if pos < MAX_POSITION_LABEL {
-                pos.to_string()
-            } else {
-                format!("{MAX_POSITION_LABEL}+")
-            };
-            self.accepted_per_pos
-                .with_label_values(&[label.as_str()])
-                .inc();
-        }
+        self.spec.step(step.drafted, accepted);
+        self.vllm.step(step.drafted, accepted);
     }
 
     /// A request's first token, `after` its arrival.
@@ -402,12 +448,33 @@ mod tests {
         m.step(&step(5, 3));
         m.step(&step(4, 9)); // a bad verifier: accepted capped at drafted
         m.step(&step(80, 70));
-        assert_eq!(m.num_drafts.get(), 3);
-        assert_eq!(m.num_draft_tokens.get(), 89);
-        assert_eq!(m.num_accepted_tokens.get(), 77);
-        let at = |p: &str| m.accepted_per_pos.with_label_values(&[p]).get();
-        assert_eq!((at("0"), at("2"), at("3"), at("63")), (3, 3, 2, 1));
-        assert_eq!(at("64+"), 6);
+        for c in [&m.spec, &m.vllm] {
+            assert_eq!(c.num_drafts.get(), 3);
+            assert_eq!(c.num_draft_tokens.get(), 89);
+            assert_eq!(c.num_accepted_tokens.get(), 77);
+            let at = |p: &str| c.accepted_per_pos.with_label_values(&[p]).get();
+            assert_eq!((at("0"), at("2"), at("3"), at("63")), (3, 3, 2, 1));
+            assert_eq!(at("64+"), 6);
+        }
+        m.step(&Committed {
+            forced: 4,
+            tokens: vec![1; 5],
+            ..Committed::default()
+        });
+        assert_eq!(m.forced_tokens.get(), 4);
+        let registry = Registry::new();
+        m.register(&registry);
+        let names: Vec<String> = registry
+            .gather()
+            .iter()
+            .map(|f| f.name().to_owned())
+            .collect();
+        assert!(
+            names
+                .iter()
+                .any(|n| n == "vllm:spec_decode_num_accepted_tokens_total"),
+            "{names:?}"
+        );
         m.failed(tonic::Code::ResourceExhausted);
         assert_eq!(
             m.requests.with_label_values(&["RESOURCE_EXHAUSTED"]).get(),

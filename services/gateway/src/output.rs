@@ -13,15 +13,18 @@
 //! (`"x"`) but is not listed, nor is any later token. So `decode(token_ids)`
 //! is always a prefix of `text`, and differs from it by less than one token.
 
+use specmesh_proto::v1::TokenLogprob;
 use specmesh_tokenizer::{IncrementalDecoder, Tokenizer, TokenizerError};
 
 use crate::stop::{Scan, StopMatcher};
 
 /// Text and tokens released since the previous delta.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Delta {
     pub text: String,
     pub token_ids: Vec<u32>,
+    /// With logprobs asked: one per token id, with its text.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 impl Delta {
@@ -37,6 +40,9 @@ pub struct OutputBuilder {
     stop: StopMatcher,
     /// Every token committed by the verifiers, the authoritative output.
     committed: Vec<u32>,
+    /// With logprobs asked: one per committed token (the tokenizer names
+    /// their text).
+    logprobs: Option<(Tokenizer, Vec<TokenLogprob>)>,
     /// `ends[i]`: byte offset in the decoded text where `committed[i]`'s
     /// text ends. Known only once no byte of the token is pending in the
     /// decoder, so it may be shorter than `committed`.
@@ -56,12 +62,19 @@ impl OutputBuilder {
             decoder: tokenizer.incremental_decoder_with(true),
             stop: StopMatcher::new(stop),
             committed: Vec::new(),
+            logprobs: None,
             ends: Vec::new(),
             decoded: 0,
             released: 0,
             reported: 0,
             stopped: false,
         }
+    }
+
+    /// Reports each token's log-probability (given with [`Self::push`]).
+    pub fn with_logprobs(mut self, tokenizer: &Tokenizer) -> Self {
+        self.logprobs = Some((tokenizer.clone(), Vec::new()));
+        self
     }
 
     /// Every token committed so far (what a resumed session must be given).
@@ -81,13 +94,25 @@ impl OutputBuilder {
 
     /// Adds committed tokens. After a stop string matched, the rest of the
     /// step (and anything later) is ignored.
-    pub fn push(&mut self, tokens: &[u32]) -> Result<Delta, TokenizerError> {
+    /// `logprobs` are the tokens' own (one per token when asked, else
+    /// ignored; a missing one reads as an empty entry).
+    pub fn push(
+        &mut self,
+        tokens: &[u32],
+        logprobs: &[TokenLogprob],
+    ) -> Result<Delta, TokenizerError> {
         let mut text = String::new();
-        for &id in tokens {
+        for (i, &id) in tokens.iter().enumerate() {
             if self.stopped {
                 break;
             }
             self.committed.push(id);
+            if let Some((tokenizer, out)) = self.logprobs.as_mut() {
+                let mut l = logprobs.get(i).cloned().unwrap_or_default();
+                l.token_id = id;
+                named(tokenizer, &mut l);
+                out.push(l);
+            }
             let piece = self.decoder.push(id)?.unwrap_or_default();
             self.decoded += piece.len();
             if !self.decoder.has_pending() {
@@ -152,7 +177,22 @@ impl OutputBuilder {
         Delta {
             text,
             token_ids: self.committed[start..self.reported].to_vec(),
+            logprobs: self
+                .logprobs
+                .as_ref()
+                .map(|(_, l)| l[start..self.reported].to_vec())
+                .unwrap_or_default(),
         }
+    }
+}
+
+/// Fills in the text of a log-probability's token and its alternatives.
+fn named(tokenizer: &Tokenizer, l: &mut TokenLogprob) {
+    let text =
+        |id| String::from_utf8_lossy(tokenizer.token_bytes(id).unwrap_or_default()).into_owned();
+    l.token = text(l.token_id);
+    for t in &mut l.top_logprobs {
+        t.token = text(t.token_id);
     }
 }
 
@@ -171,12 +211,13 @@ mod tests {
     #[test]
     fn without_stops_every_token_is_released_with_its_text() {
         let mut b = builder(&[]);
-        let d = b.push(&ids("ab")).unwrap();
+        let d = b.push(&ids("ab"), &[]).unwrap();
         assert_eq!(
             d,
             Delta {
                 text: "ab".into(),
-                token_ids: ids("ab")
+                token_ids: ids("ab"),
+                ..Default::default()
             }
         );
         let d = b.finish();
@@ -188,14 +229,15 @@ mod tests {
     fn a_split_character_waits_for_its_last_byte_and_so_does_its_token() {
         let mut b = builder(&[]);
         let e = ids("é"); // two byte tokens
-        let d = b.push(&e[..1]).unwrap();
+        let d = b.push(&e[..1], &[]).unwrap();
         assert_eq!(d, Delta::default());
-        let d = b.push(&e[1..]).unwrap();
+        let d = b.push(&e[1..], &[]).unwrap();
         assert_eq!(
             d,
             Delta {
                 text: "é".into(),
-                token_ids: e
+                token_ids: e,
+                ..Default::default()
             }
         );
     }
@@ -203,31 +245,34 @@ mod tests {
     #[test]
     fn held_back_text_holds_back_its_tokens() {
         let mut b = builder(&["</s>"]);
-        let d = b.push(&ids("hi <")).unwrap();
+        let d = b.push(&ids("hi <"), &[]).unwrap();
         assert_eq!(
             d,
             Delta {
                 text: "hi ".into(),
-                token_ids: ids("hi ")
+                token_ids: ids("hi "),
+                ..Default::default()
             }
         );
         // A false start: "<b" is released with both tokens.
-        let d = b.push(&ids("b")).unwrap();
+        let d = b.push(&ids("b"), &[]).unwrap();
         assert_eq!(
             d,
             Delta {
                 text: "<b".into(),
-                token_ids: ids("<b")
+                token_ids: ids("<b"),
+                ..Default::default()
             }
         );
-        let d = b.push(&ids("</")).unwrap();
+        let d = b.push(&ids("</"), &[]).unwrap();
         assert!(d.is_empty());
         let d = b.finish();
         assert_eq!(
             d,
             Delta {
                 text: "</".into(),
-                token_ids: ids("</")
+                token_ids: ids("</"),
+                ..Default::default()
             }
         );
         assert!(!b.stopped());
@@ -236,18 +281,19 @@ mod tests {
     #[test]
     fn a_stop_cut_reports_only_tokens_before_it() {
         let mut b = builder(&["</s>"]);
-        let d = b.push(&ids("ok</s>more")).unwrap();
+        let d = b.push(&ids("ok</s>more"), &[]).unwrap();
         assert_eq!(
             d,
             Delta {
                 text: "ok".into(),
-                token_ids: ids("ok")
+                token_ids: ids("ok"),
+                ..Default::default()
             }
         );
         assert!(b.stopped());
         // The matching step's later tokens are not even recorded.
         assert_eq!(b.committed(), ids("ok</s>").as_slice());
-        assert!(b.push(&ids("x")).unwrap().is_empty());
+        assert!(b.push(&ids("x"), &[]).unwrap().is_empty());
         assert!(b.finish().is_empty());
     }
 
@@ -255,15 +301,16 @@ mod tests {
     fn a_token_straddling_the_cut_gives_its_text_but_not_its_id() {
         let mut b = builder(&["e!"]);
         // HE decodes to "he": its "h" is before the stop, its "e" starts it.
-        let d = b.push(&[u32::from(b'x'), HE]).unwrap();
+        let d = b.push(&[u32::from(b'x'), HE], &[]).unwrap();
         assert_eq!(
             d,
             Delta {
                 text: "xh".into(),
-                token_ids: ids("x")
+                token_ids: ids("x"),
+                ..Default::default()
             }
         );
-        let d = b.push(&ids("!")).unwrap();
+        let d = b.push(&ids("!"), &[]).unwrap();
         assert!(d.is_empty());
         assert!(b.stopped());
         assert_eq!(b.reported(), 1);
@@ -274,13 +321,14 @@ mod tests {
     fn special_tokens_add_no_text_but_are_reported() {
         let mut b = builder(&[]);
         let d = b
-            .push(&[u32::from(b'a'), IM_START, u32::from(b'b')])
+            .push(&[u32::from(b'a'), IM_START, u32::from(b'b')], &[])
             .unwrap();
         assert_eq!(
             d,
             Delta {
                 text: "ab".into(),
-                token_ids: vec![u32::from(b'a'), IM_START, u32::from(b'b')]
+                token_ids: vec![u32::from(b'a'), IM_START, u32::from(b'b')],
+                ..Default::default()
             }
         );
     }
@@ -289,20 +337,47 @@ mod tests {
     fn an_incomplete_character_at_the_end_is_flushed() {
         let mut b = builder(&[]);
         let e = ids("é");
-        assert!(b.push(&e[..1]).unwrap().is_empty());
+        assert!(b.push(&e[..1], &[]).unwrap().is_empty());
         let d = b.finish();
         assert_eq!(
             d,
             Delta {
                 text: "\u{fffd}".into(),
-                token_ids: e[..1].to_vec()
+                token_ids: e[..1].to_vec(),
+                ..Default::default()
             }
         );
     }
 
     #[test]
+    fn logprobs_travel_with_their_tokens_and_carry_their_text() {
+        let tok = testing::tokenizer();
+        let mut b = OutputBuilder::new(&tok, vec!["</s>".into()]).with_logprobs(&tok);
+        let lp = |id: u32, logprob: f32| TokenLogprob {
+            token_id: id,
+            logprob,
+            top_logprobs: vec![TokenLogprob {
+                token_id: u32::from(b'z'),
+                logprob: -0.5,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let tokens = ids("ok</");
+        let given: Vec<TokenLogprob> = tokens.iter().map(|&t| lp(t, -0.25)).collect();
+        let d = b.push(&tokens, &given).unwrap();
+        // "</" is held back with its logprobs.
+        assert_eq!(d.token_ids, ids("ok"));
+        assert_eq!(d.logprobs.len(), 2);
+        assert_eq!(d.logprobs[0].token, "o");
+        assert_eq!(d.logprobs[0].top_logprobs[0].token, "z");
+        let d = b.finish();
+        assert_eq!(d.logprobs.len(), d.token_ids.len());
+    }
+
+    #[test]
     fn an_out_of_vocabulary_token_is_an_error() {
         let mut b = builder(&[]);
-        assert!(b.push(&[100_000]).is_err());
+        assert!(b.push(&[100_000], &[]).is_err());
     }
 }

@@ -99,6 +99,10 @@ pub struct Member {
     /// Times the health watch saw the member come back up after being
     /// down: a request that lost it places on it again once this moves.
     pub recoveries: Arc<AtomicU64>,
+    /// It serves structured outputs and logprobs
+    /// ([`specmesh_server::capability::STRUCTURED`]), as its health says;
+    /// false until the watch has asked (version skew fails closed).
+    pub structured: Arc<AtomicBool>,
 }
 
 impl Member {
@@ -107,7 +111,13 @@ impl Member {
             endpoint,
             healthy: Arc::new(AtomicBool::new(true)),
             recoveries: Arc::default(),
+            structured: Arc::default(),
         }
+    }
+
+    /// Whether it serves structured outputs and logprobs.
+    pub fn serves_structured(&self) -> bool {
+        self.structured.load(Ordering::Relaxed)
     }
 
     pub fn is_healthy(&self) -> bool {
@@ -157,6 +167,9 @@ pub struct PlacementKey<'a> {
     pub prefix: &'a [u64],
     /// Blocks of KV the request reserves on its verifier.
     pub need_blocks: u64,
+    /// It has a `structured` constraint or asks for logprobs: only members
+    /// that serve them may take it (a drafter that does not runs none).
+    pub structured: bool,
 }
 
 /// Where one attempt of a request runs.
@@ -326,7 +339,11 @@ impl Placer {
         let exclude: Vec<usize> = verifiers
             .iter()
             .enumerate()
-            .filter(|(_, v)| !v.member.is_healthy() || failed.iter().any(|f| f.excludes(&v.member)))
+            .filter(|(_, v)| {
+                !v.member.is_healthy()
+                    || (key.structured && !v.member.serves_structured())
+                    || failed.iter().any(|f| f.excludes(&v.member))
+            })
             .map(|(i, _)| i)
             .collect();
         let (index, reason, predicted_blocks) = match self.by_prefix(&verifiers, &exclude, key) {
@@ -352,11 +369,14 @@ impl Placer {
             index,
         };
         // No drafter up: plain decoding, nothing to re-attach to either.
-        let order = if key.speculate {
+        let mut order = if key.speculate {
             self.drafter_order(key.tenant, key.prefix)
         } else {
             Vec::new()
         };
+        if key.structured {
+            order.retain(|(d, _)| d.serves_structured());
+        }
         let (drafter, fallback_drafters, drafter_blocks) = match order.split_first() {
             Some(((first, hits), rest)) if first.is_healthy() => (
                 Some(first.endpoint.clone()),

@@ -169,6 +169,7 @@ impl Generation for GenerationService {
                         let chunk = GenerateChunk {
                             text: delta.text,
                             token_ids: delta.token_ids,
+                            logprobs: delta.logprobs,
                             token_offset: offset,
                             ..Default::default()
                         };
@@ -193,6 +194,7 @@ fn response(generated: Generated, ctx: &RequestContext) -> GenerateResponse {
     let Generated {
         text,
         token_ids,
+        logprobs,
         summary,
     } = generated;
     let total = ctx.arrived.elapsed().as_secs_f64();
@@ -207,6 +209,7 @@ fn response(generated: Generated, ctx: &RequestContext) -> GenerateResponse {
             .time_to_first_token
             .map_or(total, |t| t.as_secs_f64()),
         total_seconds: total,
+        logprobs,
     }
 }
 
@@ -220,6 +223,7 @@ fn last_chunk(summary: Summary, offset: u32) -> GenerateChunk {
         usage: Some(summary.usage),
         speculation: Some(summary.speculation),
         token_offset: offset,
+        logprobs: summary.last.logprobs,
     }
 }
 

@@ -102,7 +102,17 @@ pub struct Refused {
 pub struct Generated {
     pub text: String,
     pub token_ids: Vec<u32>,
+    /// With logprobs asked: one per token id.
+    pub logprobs: Vec<specmesh_proto::v1::TokenLogprob>,
     pub summary: Summary,
+}
+
+impl State {
+    /// What requests are validated with: the model's tokenizer and the
+    /// server's limits (the HTTP front's `/tokenize` reads them too).
+    pub fn validator(&self) -> &Validator {
+        &self.validator
+    }
 }
 
 impl State {
@@ -398,19 +408,22 @@ impl State {
         span: Span,
     ) -> Result<Generated, GatewayError> {
         let mut events = self.generate_stream(admitted, ctx, span);
-        let (mut text, mut token_ids) = (String::new(), Vec::new());
+        let (mut text, mut token_ids, mut logprobs) = (String::new(), Vec::new(), Vec::new());
         while let Some(event) = events.recv().await {
             match event? {
                 Event::Delta(d) => {
                     text.push_str(&d.text);
                     token_ids.extend(d.token_ids);
+                    logprobs.extend(d.logprobs);
                 }
                 Event::Done(summary) => {
                     text.push_str(&summary.last.text);
                     token_ids.extend_from_slice(&summary.last.token_ids);
+                    logprobs.extend_from_slice(&summary.last.logprobs);
                     return Ok(Generated {
                         text,
                         token_ids,
+                        logprobs,
                         summary,
                     });
                 }

@@ -15,6 +15,8 @@ pub struct SpecStats {
     tree_wait_us: u64,
     /// Steps that verified a tree drafted ahead.
     drafted_ahead: u32,
+    /// Tokens accepted from what a grammar forced.
+    forced: u32,
 }
 
 impl SpecStats {
@@ -37,6 +39,9 @@ impl SpecStats {
         self.drafted_ahead = self
             .drafted_ahead
             .saturating_add(u32::from(step.drafted_ahead));
+        self.forced = self
+            .forced
+            .saturating_add(step.forced.min(step.tokens.len() as u32));
     }
 
     /// The wire form. `mean_accepted_per_step` is committed tokens per verify
@@ -56,6 +61,7 @@ impl SpecStats {
             mean_accepted_per_step: mean,
             tree_wait_seconds: self.tree_wait_us as f64 * 1e-6,
             drafted_ahead_steps: self.drafted_ahead,
+            forced_tokens: self.forced,
         }
     }
 }

@@ -8,6 +8,9 @@
 //! tokenizer (chat template + BPE, milliseconds for long prompts) runs on the
 //! blocking pool, and the context checks need its result.
 
+use std::sync::Arc;
+
+use specmesh_grammar::{GrammarError, GrammarLimits, Grammars, Structured};
 use specmesh_proto::v1::{self, SpeculationMode, generate_request::Input};
 use specmesh_sampling::SamplingParams;
 use specmesh_tokenizer::{ChatMessage, Tokenizer, TokenizerError};
@@ -61,6 +64,16 @@ pub struct ValidGenerateRequest {
     /// Narrows KV reuse within the tenant ("" = the tenant's shared
     /// cache).
     pub cache_salt: String,
+    /// The constraint the output follows; it compiled here (the verifier
+    /// compiles it again, from its cache when it has seen it).
+    pub structured: Option<Structured>,
+    /// Alternatives per token's log-probability; `None`: none asked.
+    pub logprobs: Option<usize>,
+    /// No end of sequence before this many tokens; at most
+    /// `max_new_tokens`.
+    pub min_new_tokens: u32,
+    /// The end-of-sequence token does not end the output.
+    pub ignore_eos: bool,
 }
 
 impl ValidGenerateRequest {
@@ -132,6 +145,8 @@ pub enum ValidationError {
     },
     #[error("`max_new_tokens` must be at most {max}, got {got}")]
     MaxNewTokens { max: u32, got: u32 },
+    #[error("`min_new_tokens` must be at most `max_new_tokens` ({max}), got {min}")]
+    MinNewTokens { min: u32, max: u32 },
     #[error(
         "`prediction` is {tokens} tokens, over the model's context of {max_context} tokens: predict only the output"
     )]
@@ -141,6 +156,9 @@ pub enum ValidationError {
     /// A field the wire conversion refused (`sampling.*`).
     #[error(transparent)]
     Field(#[from] specmesh_proto::FieldError),
+    /// `structured` could not be compiled, or is too large.
+    #[error("`structured`: {0}")]
+    Structured(#[source] GrammarError),
     #[error(
         "`speculation.mode` must be 0 (unspecified), 1 (off), 2 (model-free), 3 (draft model) or 4 (combined), got {0}"
     )]
@@ -200,9 +218,11 @@ impl ValidationError {
             Self::EmptyChat | Self::UnknownRole { .. } => "chat.messages",
             Self::NoChatTemplate | Self::ChatTemplate(_) => "chat",
             Self::ContextExceeded { .. } | Self::MaxNewTokens { .. } => "max_new_tokens",
+            Self::MinNewTokens { .. } => "min_new_tokens",
             Self::PredictionTooLong { .. } => "prediction",
             Self::EndWithoutSession => "session_id",
             Self::Field(f) => f.field.as_str(),
+            Self::Structured(_) => "structured",
             Self::SpeculationMode(_) => "speculation.mode",
             Self::MaxDraftTokens { .. } => "speculation.max_draft_tokens",
             Self::TooManyStops { .. } | Self::EmptyStop { .. } | Self::StopTooLong { .. } => "stop",
@@ -218,6 +238,9 @@ impl ValidationError {
 pub struct Validator {
     tokenizer: Tokenizer,
     limits: Limits,
+    /// Compiles `structured` constraints; `None` when the vocabulary
+    /// cannot serve them (it names no end-of-sequence token).
+    grammars: Option<Arc<Grammars>>,
 }
 
 /// The input before tokenization.
@@ -228,11 +251,27 @@ enum Text {
 
 impl Validator {
     pub fn new(tokenizer: Tokenizer, limits: Limits) -> Self {
-        Validator { tokenizer, limits }
+        let grammars =
+            match Grammars::new(&tokenizer, tokenizer.vocab_size(), GrammarLimits::default()) {
+                Ok(g) => Some(Arc::new(g)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "structured outputs are refused");
+                    None
+                }
+            };
+        Validator {
+            tokenizer,
+            limits,
+            grammars,
+        }
     }
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
     }
 
     /// Validates `request`, tokenizing its input on the blocking pool.
@@ -254,10 +293,28 @@ impl Validator {
         let tenant = caller.tenant(&identifier("tenant", request.tenant)?.unwrap_or_default())?;
         let cache_salt = identifier("cache_salt", request.cache_salt)?.unwrap_or_default();
         let requested = self.requested_new_tokens(request.max_new_tokens)?;
+        let logprobs = specmesh_proto::logprobs_from_wire(request.logprobs, request.top_logprobs)?;
+        let structured = specmesh_proto::structured_from_wire(request.structured);
+        let grammars = match (&structured, &self.grammars) {
+            (None, _) => None,
+            (Some(_), Some(g)) => Some(Arc::clone(g)),
+            (Some(_), None) => {
+                return Err(ValidationError::Structured(GrammarError::Tokenizer(
+                    "its vocabulary names no end-of-sequence token".into(),
+                )));
+            }
+        };
 
         let tokenizer = self.tokenizer.clone();
         let prediction = request.prediction;
+        let spec = structured.clone();
         let (prompt_tokens, prediction) = tokio::task::spawn_blocking(move || {
+            // Compiled first: a schema that cannot be is refused before
+            // the prompt is tokenized (and it is cached for the verifier's
+            // sake only by its own compile).
+            if let (Some(spec), Some(g)) = (&spec, &grammars) {
+                g.compile(spec).map_err(ValidationError::Structured)?;
+            }
             let prompt = tokenize(&tokenizer, text)?;
             // As output text, not as a prompt: special-token look-alikes stay
             // text, no BOS.
@@ -276,6 +333,12 @@ impl Validator {
             });
         }
         let max_new_tokens = self.fit_context(prompt_tokens.len(), requested)?;
+        if request.min_new_tokens > max_new_tokens {
+            return Err(ValidationError::MinNewTokens {
+                min: request.min_new_tokens,
+                max: max_new_tokens,
+            });
+        }
         Ok(ValidGenerateRequest {
             prompt_tokens,
             max_new_tokens,
@@ -287,6 +350,10 @@ impl Validator {
             tenant,
             prediction,
             cache_salt,
+            structured,
+            logprobs,
+            min_new_tokens: request.min_new_tokens,
+            ignore_eos: request.ignore_eos,
         })
     }
 

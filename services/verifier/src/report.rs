@@ -16,6 +16,8 @@ pub struct Report {
     added: u64,
     path: Vec<u32>,
     committed: Vec<u32>,
+    /// Committed tokens after the path's that the grammar forced.
+    forced: u32,
     top_k: Vec<Vec<(u32, f32)>>,
     /// Microseconds its steps waited for the drafter's tree.
     wait_us: u64,
@@ -39,6 +41,7 @@ impl Report {
             added: 0,
             path: Vec::new(),
             committed: Vec::new(),
+            forced: 0,
             top_k: Vec::new(),
             wait_us: 0,
             granted: None,
@@ -82,6 +85,7 @@ impl Report {
         self.node_budget = node_budget;
         self.committed.extend_from_slice(&v.accepted);
         self.committed.push(v.bonus);
+        self.forced += step.forced as u32;
         self.top_k.extend(v.top_k.iter().cloned());
         self.added += 1;
     }
@@ -98,6 +102,7 @@ impl Report {
             span: (self.last - self.first + 1) as u32,
             path: self.path,
             committed: self.committed,
+            forced: self.forced,
             top_k: self.top_k,
             batch_size: batch_size as u32,
             tree_wait_us: self.wait_us,
@@ -120,6 +125,8 @@ pub struct Outcome {
     pub path: Vec<u32>,
     /// Every token the steps committed.
     pub committed: Vec<u32>,
+    /// Tokens of `committed` after the path's that the grammar forced.
+    pub forced: u32,
     /// The target's top-k (token, log-probability) per accepted node.
     pub top_k: Vec<Vec<(u32, f32)>>,
     pub batch_size: u32,

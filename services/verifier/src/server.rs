@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
+use specmesh_grammar::{GrammarLimits, Grammars};
 use specmesh_model::{LoadOptions, Model};
 use specmesh_proto::v1;
 use specmesh_proto::v1::verifier_server::{SERVICE_NAME, VerifierServer};
@@ -79,7 +80,7 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
         ..config
     };
     let (threads, isa) = (config.threads, config.isa);
-    let (model, eos, vocab_fingerprint) =
+    let (model, eos, vocab_fingerprint, grammars) =
         tokio::task::spawn_blocking(move || load(&model_path, threads, isa)).await??;
     let memory = specmesh_model::process::memory_line(model.weight_bytes());
     println!(
@@ -156,6 +157,7 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
         channels: DrafterChannels::new(security.clone(), config.drafter_tls_name.clone()),
         drafters: Arc::clone(&drafters),
         eos,
+        grammars: Arc::new(grammars),
         cost_curve,
         slots: Arc::new(Semaphore::new(config.max_sessions)),
         decoding: Arc::clone(&batcher.counters().decoding),
@@ -182,6 +184,7 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
         Box::new(Sessions(Arc::clone(&state))),
     );
     built.metrics_label = state.target.name.clone();
+    built.capabilities = vec![specmesh_server::capability::STRUCTURED];
     built.metrics = Box::new(move |registry| {
         state.batcher.counters().metrics.register(registry);
         registry
@@ -201,12 +204,13 @@ impl Drain for Sessions {
     }
 }
 
-/// The model, its end-of-sequence ids and its vocabulary's fingerprint.
+/// The model, its end-of-sequence ids, its vocabulary's fingerprint and
+/// its grammar compiler.
 fn load(
     path: &Path,
     threads: Option<usize>,
     isa: Option<specmesh_model::Isa>,
-) -> anyhow::Result<(Model, Vec<u32>, u64)> {
+) -> anyhow::Result<(Model, Vec<u32>, u64, Grammars)> {
     let opts = LoadOptions {
         threads,
         isa,
@@ -216,9 +220,16 @@ fn load(
         .with_context(|| format!("loading the model {}", path.display()))?;
     let tokenizer = Tokenizer::from_model_path(path)
         .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
+    let grammars = Grammars::new(
+        &tokenizer,
+        model.config().vocab_size,
+        GrammarLimits::default(),
+    )
+    .context("building the grammar engine's token trie")?;
     Ok((
         model,
         tokenizer.eos_token_ids().to_vec(),
         tokenizer.vocab_fingerprint(),
+        grammars,
     ))
 }

@@ -42,8 +42,12 @@ impl v1::verifier_server::Verifier for VerifierService {
         let span = tracing::info_span!("run");
         specmesh_server::telemetry::adopt(&span, &request);
         let v = &self.state;
-        let run = span
+        let mut run = span
             .in_scope(|| ValidRun::from_wire(request.into_inner(), v.run_limits()))
+            .inspect_err(|e| span.in_scope(|| tracing::info!(error = %e, "run refused")))?;
+        run.compile(&v.grammars)
+            .instrument(span.clone())
+            .await
             .inspect_err(|e| span.in_scope(|| tracing::info!(error = %e, "run refused")))?;
         // Only a drafter of this verifier's own set is ever dialed.
         if let Some(plan) = &run.draft {

@@ -27,6 +27,8 @@ pub struct State {
     /// The drafters a draft plan may name.
     pub drafters: Arc<Drafters>,
     pub eos: Vec<u32>,
+    /// Compiles the runs' `structured` constraints (cached by text).
+    pub grammars: Arc<specmesh_grammar::Grammars>,
     pub vocab: u32,
     /// The target as drafters are told it: its name and vocabulary.
     pub target: Target,

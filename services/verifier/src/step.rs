@@ -85,6 +85,10 @@ pub struct Committed {
     pub tree_wait_us: u32,
     /// The step verified a tree drafted ahead.
     pub drafted_ahead: bool,
+    /// Tokens accepted from what the grammar forced.
+    pub forced: u32,
+    /// With logprobs on: one per token.
+    pub logprobs: Vec<specmesh_verify::TokenLogprobs>,
 }
 
 /// What the batch made of a step's tree: the goodput planner's grant, and
@@ -302,6 +306,8 @@ impl Steps {
             eos: step.finish == Some(Finish::Eos),
             tree_wait_us: std::mem::take(&mut self.wait_us),
             drafted_ahead: std::mem::take(&mut self.drafted_ahead),
+            forced: step.forced as u32,
+            logprobs: step.logprobs.clone(),
         };
         let mut outcome = None;
         if !finished && let Some(r) = self.report.as_mut() {

@@ -99,7 +99,11 @@ async fn drive_inner(
 ) -> Result<Ended, VerifierError> {
     let limits = SessionLimits {
         max_new_tokens: run.max_new_tokens,
-        eos: v.eos.clone(),
+        eos: if run.ignore_eos {
+            Vec::new()
+        } else {
+            v.eos.clone()
+        },
     };
     let mut session = Box::new(
         Session::new(
@@ -113,6 +117,27 @@ async fn drive_inner(
         .map_err(|e| VerifierError::invalid("tokens", e.to_string()))?,
     );
     session.reserve_kv(v.kv_tokens(run));
+    let mut constraint: Option<Box<dyn specmesh_verify::Constraint>> = None;
+    if let Some(grammar) = &run.grammar {
+        let mut c = grammar.start();
+        c.resume(&run.tokens[run.prompt_len..])
+            .map_err(|e| VerifierError::invalid("tokens", e.to_string()))?;
+        constraint = Some(Box::new(c));
+    }
+    if run.min_new_tokens > 0 && !run.ignore_eos {
+        constraint = Some(Box::new(specmesh_verify::MinTokens::new(
+            run.min_new_tokens,
+            v.eos.clone(),
+            v.vocab as usize,
+            constraint,
+        )));
+    }
+    if let Some(c) = constraint {
+        session.constrain(c);
+    }
+    if let Some(top) = run.logprobs {
+        session.with_logprobs(top);
+    }
 
     let bounds = TreeBounds {
         vocab: v.vocab,

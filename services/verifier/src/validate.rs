@@ -41,6 +41,15 @@ pub struct ValidRun {
     /// The prefix cache's scope: the tenant and the caller's salt.
     pub tenant: String,
     pub cache_salt: String,
+    /// The constraint the output follows, compiled by the service
+    /// ([`ValidRun::compile`]) before the run is admitted.
+    pub structured: Option<specmesh_grammar::Structured>,
+    pub grammar: Option<specmesh_grammar::Grammar>,
+    /// Alternatives per committed token's log-probability; `None`: none.
+    pub logprobs: Option<usize>,
+    /// No end of sequence in this many first tokens.
+    pub min_new_tokens: usize,
+    pub ignore_eos: bool,
 }
 
 /// The drafter a run drafts with.
@@ -117,7 +126,35 @@ impl ValidRun {
             keep_cache: spec.keep_cache,
             tenant: spec.tenant,
             cache_salt: spec.cache_salt,
+            structured: spec.structured,
+            grammar: None,
+            logprobs: spec.logprobs,
+            min_new_tokens: spec.min_new_tokens,
+            ignore_eos: spec.ignore_eos,
         })
+    }
+
+    /// Compiles the run's constraint with `grammars` (cached by its text;
+    /// a new one costs milliseconds, so off the runtime's threads) and
+    /// checks that the output already committed follows it.
+    pub async fn compile(
+        &mut self,
+        grammars: &std::sync::Arc<specmesh_grammar::Grammars>,
+    ) -> Result<(), VerifierError> {
+        let Some(spec) = self.structured.clone() else {
+            return Ok(());
+        };
+        let g = std::sync::Arc::clone(grammars);
+        let grammar = tokio::task::spawn_blocking(move || g.compile(&spec))
+            .await
+            .map_err(|e| VerifierError::Internal(format!("compiling the grammar: {e}")))?
+            .map_err(|e| VerifierError::invalid("structured", e.to_string()))?;
+        grammar
+            .start()
+            .resume(&self.tokens[self.prompt_len..])
+            .map_err(|e| VerifierError::invalid("tokens", e.to_string()))?;
+        self.grammar = Some(grammar);
+        Ok(())
     }
 }
 
@@ -160,7 +197,26 @@ impl From<Committed> for v1::Committed {
             eos: c.eos,
             tree_wait_us: c.tree_wait_us,
             drafted_ahead: c.drafted_ahead,
+            forced: c.forced,
+            logprobs: c.logprobs.into_iter().map(logprob_to_wire).collect(),
         }
+    }
+}
+
+fn logprob_to_wire(l: specmesh_verify::TokenLogprobs) -> v1::TokenLogprob {
+    v1::TokenLogprob {
+        token_id: l.token,
+        logprob: l.logprob,
+        token: String::new(),
+        top_logprobs: l
+            .top
+            .into_iter()
+            .map(|(token_id, logprob)| v1::TokenLogprob {
+                token_id,
+                logprob,
+                ..Default::default()
+            })
+            .collect(),
     }
 }
 
@@ -170,6 +226,7 @@ impl From<Outcome> for v1::StepOutcome {
             step: o.step,
             path: o.path,
             committed: o.committed,
+            forced: o.forced,
             top_k: o
                 .top_k
                 .into_iter()

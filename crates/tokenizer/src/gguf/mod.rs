@@ -178,6 +178,7 @@ pub(crate) fn parts_from_metadata(
         .iter()
         .map(|ty| matches!(ty, TokenType::Control | TokenType::Unknown))
         .collect();
+    let unused = types.iter().map(|ty| *ty == TokenType::Unused).collect();
 
     let extra_eos = ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"]
         .iter()
@@ -192,6 +193,7 @@ pub(crate) fn parts_from_metadata(
         pieces: tokens.iter().map(|t| Some((*t).to_owned())).collect(),
         piece_bytes,
         special,
+        unused,
         strip_leading_space,
         bos: meta.token_id("tokenizer.ggml.bos_token_id", n)?,
         eos: meta.token_id("tokenizer.ggml.eos_token_id", n)?,

@@ -4,6 +4,7 @@ use specmesh_tree::{TreeBuilder, TreeLimits};
 
 use super::*;
 use crate::RowMajor;
+use specmesh_sampling::sample;
 
 const V: u32 = 6;
 

@@ -136,6 +136,13 @@ fn any_outcome() -> impl Strategy<Value = v1::StepOutcome> {
                     pruned,
                     granted,
                     forward_us,
+                    // Derived, to stay within proptest's tuple arity: small
+                    // counts mostly, and any.
+                    forced: if tree_deadline_us % 3 == 0 {
+                        tree_deadline_us
+                    } else {
+                        forward_us % 4
+                    },
                     tree_deadline_us,
                 }
             },

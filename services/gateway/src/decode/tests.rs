@@ -40,6 +40,10 @@ fn request(max_new_tokens: u32, stop: &[&str]) -> ValidGenerateRequest {
         tenant: "acme".into(),
         prediction: Vec::new(),
         cache_salt: String::new(),
+        structured: None,
+        logprobs: None,
+        min_new_tokens: 0,
+        ignore_eos: false,
     }
 }
 

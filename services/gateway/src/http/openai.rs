@@ -89,6 +89,16 @@ pub struct Common {
     pub tenant: Option<Value>,
     /// vLLM's: narrows KV reuse within the tenant (the gRPC API's).
     pub cache_salt: Option<Value>,
+    /// `{"type": "text" | "json_object" | "json_schema", ...}`.
+    pub response_format: Option<Value>,
+    /// Chat: a boolean; completions: the legacy count of alternatives.
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<Value>,
+    /// vLLM's: no end of sequence before this many tokens.
+    pub min_tokens: Option<u32>,
+    /// vLLM's: generate to `max_tokens` whatever the model says.
+    #[serde(default)]
+    pub ignore_eos: bool,
     /// Everything else, checked by [`unsupported`].
     #[serde(flatten)]
     pub rest: Map<String, Value>,
@@ -129,9 +139,7 @@ fn unsupported(rest: &Map<String, Value>) -> Result<(), BadRequest> {
     for (key, value) in rest {
         let off = match key.as_str() {
             "n" | "best_of" => value.is_null() || value == &Value::from(1),
-            "logprobs" | "echo" | "parallel_tool_calls" => {
-                value.is_null() || value == &Value::Bool(false)
-            }
+            "echo" | "parallel_tool_calls" => value.is_null() || value == &Value::Bool(false),
             "presence_penalty" | "frequency_penalty" => {
                 value.is_null() || value.as_f64() == Some(0.0)
             }
@@ -141,10 +149,7 @@ fn unsupported(rest: &Map<String, Value>) -> Result<(), BadRequest> {
                     || value.as_object().is_some_and(Map::is_empty)
             }
             "tool_choice" | "function_call" => value.is_null() || value == "none",
-            "response_format" => {
-                value.is_null() || value.get("type").and_then(Value::as_str) == Some("text")
-            }
-            "top_logprobs" | "suffix" => value.is_null(),
+            "suffix" => value.is_null(),
             // Labels: nothing to do.
             "metadata" | "store" | "service_tier" => true,
             _ => false,
@@ -216,11 +221,110 @@ fn fresh_seed() -> u64 {
     rand::random()
 }
 
+/// `response_format` as the gRPC API's `structured`: `None` for text.
+fn response_format(value: Option<&Value>) -> Result<Option<v1::Structured>, BadRequest> {
+    use v1::structured::Kind;
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let kind = match value.get("type").and_then(Value::as_str) {
+        Some("text") => return Ok(None),
+        Some("json_object") => Kind::JsonObject(true),
+        Some("json_schema") => {
+            let schema = value
+                .get("json_schema")
+                .and_then(|s| s.get("schema"))
+                .ok_or_else(|| {
+                    BadRequest::new(
+                        "response_format.json_schema.schema",
+                        "`response_format.json_schema.schema` is required with \
+                         `type: \"json_schema\"`",
+                    )
+                })?;
+            // Re-serialised in the caller's key order (`preserve_order`):
+            // properties come out in that order.
+            Kind::JsonSchema(schema.to_string())
+        }
+        _ => {
+            return Err(BadRequest::new(
+                "response_format.type",
+                format!(
+                    "`response_format.type` must be \"text\", \"json_object\" or \
+                     \"json_schema\", got {}",
+                    value.get("type").unwrap_or(&Value::Null)
+                ),
+            ));
+        }
+    };
+    Ok(Some(v1::Structured { kind: Some(kind) }))
+}
+
+/// `logprobs` and `top_logprobs` as the gRPC API's (`logprobs`,
+/// `top_logprobs`): chat's boolean and count, or completions' legacy
+/// count of alternatives (0 to 5, the token's own always included).
+fn logprobs(
+    on: Option<&Value>,
+    top: Option<&Value>,
+    chat: bool,
+) -> Result<(bool, u32), BadRequest> {
+    let on = on.filter(|v| !v.is_null());
+    let top = top.filter(|v| !v.is_null());
+    if !chat {
+        if let Some(t) = top {
+            return Err(BadRequest::new(
+                "top_logprobs",
+                format!("`top_logprobs` is for chat completions; send `logprobs: N` here, got {t}"),
+            ));
+        }
+        return match on {
+            None => Ok((false, 0)),
+            Some(v) => match v.as_u64() {
+                Some(n) if n <= 5 => Ok((true, n as u32)),
+                _ => Err(BadRequest::new(
+                    "logprobs",
+                    format!("`logprobs` must be an integer from 0 to 5, got {v}"),
+                )),
+            },
+        };
+    }
+    let on = match on {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(BadRequest::new(
+                "logprobs",
+                format!("`logprobs` must be a boolean, got {v}"),
+            ));
+        }
+    };
+    let top = match top {
+        None => 0,
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= u64::from(specmesh_proto::MAX_TOP_LOGPROBS) => n as u32,
+            _ => {
+                return Err(BadRequest::new(
+                    "top_logprobs",
+                    format!("`top_logprobs` must be an integer from 0 to 20, got {v}"),
+                ));
+            }
+        },
+    };
+    if top > 0 && !on {
+        return Err(BadRequest::new(
+            "top_logprobs",
+            "`top_logprobs` needs `logprobs: true`",
+        ));
+    }
+    Ok((on, top))
+}
+
 impl Common {
-    /// The shared fields as a `GenerateRequest` around `input`.
+    /// The shared fields as a `GenerateRequest` around `input`; `chat`:
+    /// the request is a chat completion.
     fn to_wire(
         &self,
         input: v1::generate_request::Input,
+        chat: bool,
     ) -> Result<v1::GenerateRequest, BadRequest> {
         unsupported(&self.rest)?;
         if self.stream_options.is_some() && !self.stream {
@@ -260,6 +364,9 @@ impl Common {
         };
         let tenant = optional_string("tenant", self.tenant.as_ref())?;
         let cache_salt = optional_string("cache_salt", self.cache_salt.as_ref())?;
+        let structured = response_format(self.response_format.as_ref())?;
+        let (logprobs, top_logprobs) =
+            logprobs(self.logprobs.as_ref(), self.top_logprobs.as_ref(), chat)?;
         Ok(v1::GenerateRequest {
             input: Some(input),
             max_new_tokens,
@@ -274,6 +381,11 @@ impl Common {
             tenant,
             prediction,
             cache_salt,
+            structured,
+            logprobs,
+            top_logprobs,
+            min_new_tokens: self.min_tokens.unwrap_or(0),
+            ignore_eos: self.ignore_eos,
             ..Default::default()
         })
     }
@@ -305,8 +417,10 @@ impl ChatRequest {
                 content,
             });
         }
-        self.common
-            .to_wire(v1::generate_request::Input::Chat(v1::Chat { messages }))
+        self.common.to_wire(
+            v1::generate_request::Input::Chat(v1::Chat { messages }),
+            true,
+        )
     }
 }
 
@@ -325,7 +439,7 @@ impl CompletionRequest {
             }
         };
         self.common
-            .to_wire(v1::generate_request::Input::Prompt(prompt))
+            .to_wire(v1::generate_request::Input::Prompt(prompt), false)
     }
 }
 
@@ -337,7 +451,9 @@ pub fn param(field: &str, chat: bool) -> Option<String> {
         "prompt" | "chat" | "chat.messages" if chat => "messages",
         "prompt" => "prompt",
         "max_new_tokens" => "max_tokens",
-        "prediction" | "stop" | "tenant" => field,
+        "prediction" | "stop" | "tenant" | "top_logprobs" => field,
+        "structured" => "response_format",
+        "min_new_tokens" => "min_tokens",
         "speculation.mode" | "speculation.max_draft_tokens" => "speculation",
         f => match f.strip_prefix("sampling.")? {
             p @ ("temperature" | "top_p" | "seed") => p,
@@ -401,6 +517,8 @@ pub struct Speculation {
     pub drafted_tokens: u32,
     pub accepted_tokens: u32,
     pub mean_accepted_per_step: f64,
+    /// Tokens accepted from what `response_format` forced.
+    pub forced_tokens: u32,
 }
 
 impl From<v1::SpeculationStats> for Speculation {
@@ -410,8 +528,67 @@ impl From<v1::SpeculationStats> for Speculation {
             drafted_tokens: s.drafted_tokens,
             accepted_tokens: s.accepted_tokens,
             mean_accepted_per_step: s.mean_accepted_per_step,
+            forced_tokens: s.forced_tokens,
         }
     }
+}
+
+/// vLLM's per-request speculation statistics, `metrics.speculative_decoding`,
+/// which benchmark clients read from a response (and a stream's usage
+/// chunk).
+pub fn vllm_metrics(s: &v1::SpeculationStats) -> Value {
+    let rate = if s.drafted_tokens == 0 {
+        0.0
+    } else {
+        f64::from(s.accepted_tokens) / f64::from(s.drafted_tokens)
+    };
+    serde_json::json!({"speculative_decoding": {
+        "num_drafts": s.verify_steps,
+        "num_draft_tokens": s.drafted_tokens,
+        "num_accepted_draft_tokens": s.accepted_tokens,
+        "mean_acceptance_length": s.mean_accepted_per_step,
+        "acceptance_rate": rate,
+        "num_forced_tokens": s.forced_tokens,
+    }})
+}
+
+/// A choice's `logprobs`: chat's `{"content": [...]}`, or completions'
+/// legacy `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`
+/// (`offset`: the text's length before these tokens). `null` when none
+/// were asked.
+pub fn choice_logprobs(l: &[v1::TokenLogprob], chat: bool, asked: bool, offset: usize) -> Value {
+    if !asked {
+        return Value::Null;
+    }
+    let bytes = |t: &v1::TokenLogprob| t.token.as_bytes().to_vec();
+    if chat {
+        let content: Vec<Value> = l
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "token": t.token, "logprob": t.logprob, "bytes": bytes(t),
+                    "top_logprobs": t.top_logprobs.iter().map(|a| serde_json::json!({
+                        "token": a.token, "logprob": a.logprob, "bytes": bytes(a),
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        return serde_json::json!({"content": content, "refusal": null});
+    }
+    let mut at = offset;
+    let mut text_offset = Vec::with_capacity(l.len());
+    for t in l {
+        text_offset.push(at);
+        at += t.token.len();
+    }
+    serde_json::json!({
+        "tokens": l.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": l.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "top_logprobs": l.iter().map(|t| t.top_logprobs.iter()
+            .map(|a| (a.token.clone(), Value::from(a.logprob)))
+            .collect::<Map<String, Value>>()).collect::<Vec<_>>(),
+        "text_offset": text_offset,
+    })
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ fn session(id: &str) -> PlacementKey<'_> {
         speculate: true,
         prefix: &[],
         need_blocks: 0,
+        structured: false,
     }
 }
 
@@ -36,6 +37,7 @@ const ANON: PlacementKey<'static> = PlacementKey {
     speculate: true,
     prefix: &[],
     need_blocks: 0,
+    structured: false,
 };
 
 #[test]
@@ -153,6 +155,7 @@ fn a_tenant_keeps_its_drafter_and_off_means_none() {
                     speculate: true,
                     prefix: &[],
                     need_blocks: 0,
+                    structured: false,
                 },
                 &[],
                 1,
@@ -173,6 +176,7 @@ fn a_tenant_keeps_its_drafter_and_off_means_none() {
                 speculate: false,
                 prefix: &[],
                 need_blocks: 0,
+                structured: false,
             },
             &[],
             1,
@@ -237,6 +241,7 @@ fn members_found_down_are_left_out_until_they_recover() {
         speculate: true,
         prefix: &[],
         need_blocks: 0,
+        structured: false,
     };
     let p = placer.place(acme, &[], 1).unwrap();
     assert_eq!(p.drafter.as_deref(), Some(second.as_str()));
@@ -388,6 +393,7 @@ fn a_request_goes_where_its_prefix_is_cached_weighed_against_load() {
         speculate: false,
         prefix: &prefix,
         need_blocks: 10,
+        structured: false,
     };
     // Nothing indexed: the session's rendezvous choice, or the least
     // loaded.
@@ -443,6 +449,7 @@ fn a_speculative_request_goes_to_the_drafter_holding_its_prefix() {
         speculate: true,
         prefix: &prefix,
         need_blocks: 0,
+        structured: false,
     };
     // Nothing cached anywhere: the tenant's drafter.
     let home = placer.drafter("acme").unwrap();
@@ -484,4 +491,45 @@ fn a_speculative_request_goes_to_the_drafter_holding_its_prefix() {
         ..key
     };
     assert_eq!(placer.place(plain, &[], 1).unwrap().drafter, None);
+}
+
+#[test]
+fn structured_requests_go_only_to_members_that_serve_them() {
+    let drafters: Vec<String> = (0..2).map(|i| format!("http://d{i}:1")).collect();
+    let placer = Placer::new(endpoints(3), drafters);
+    let structured = PlacementKey {
+        structured: true,
+        ..ANON
+    };
+    // No member has said it serves them yet: refused, not ignored.
+    assert!(placer.place(structured, &[], 1).is_none());
+    placer.verifiers()[2]
+        .structured
+        .store(true, Ordering::Relaxed);
+    for _ in 0..6 {
+        let p = placer.place(structured, &[], 1).unwrap();
+        assert_eq!(p.verifier.member.endpoint, placer.verifiers()[2].endpoint);
+        // No drafter serves them: plain decoding (the grammar still
+        // forces what it forces).
+        assert_eq!(p.drafter, None);
+    }
+    placer.drafters()[1]
+        .structured
+        .store(true, Ordering::Relaxed);
+    let p = placer.place(structured, &[], 1).unwrap();
+    assert_eq!(p.drafter.as_deref(), Some("http://d1:1"));
+    assert!(p.fallback_drafters.is_empty());
+    // Others go to the members that do not serve them too (the least
+    // loaded: the capable one holds the requests above).
+    let held: Vec<Placement> = (0..2)
+        .map(|_| placer.place(ANON, &[], 1).unwrap())
+        .collect();
+    let spread: std::collections::HashSet<&str> = held
+        .iter()
+        .map(|p| p.verifier.member.endpoint.as_str())
+        .collect();
+    let verifiers = placer.verifiers();
+    let others: std::collections::HashSet<&str> =
+        verifiers[..2].iter().map(|m| m.endpoint.as_str()).collect();
+    assert_eq!(spread, others);
 }

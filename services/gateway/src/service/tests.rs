@@ -438,3 +438,45 @@ async fn shutdown_cuts_what_outlives_the_grace_period() {
     stopped.await.unwrap().unwrap();
     assert!(started_at.elapsed() < Duration::from_secs(5));
 }
+
+/// A verifier that does not say it serves structured outputs (an older
+/// one, which would drop the field and answer unconstrained) never gets a
+/// constrained request, nor one asking for logprobs: the caller hears why.
+#[tokio::test]
+async fn constrained_requests_fail_closed_on_verifiers_that_do_not_serve_them() {
+    let v = spawn_verifier(vec![vec![started(), finished(0, "ok")]]).await;
+    let mut gw = Gateway::start(&[&v], |c| {
+        c.placement_wait = Duration::from_millis(300);
+    })
+    .await;
+    for request in [
+        GenerateRequest {
+            structured: Some(specmesh_proto::v1::Structured {
+                kind: Some(specmesh_proto::v1::structured::Kind::JsonObject(true)),
+            }),
+            ..prompt("Q: ", 5)
+        },
+        GenerateRequest {
+            logprobs: true,
+            ..prompt("Q: ", 5)
+        },
+    ] {
+        let status = gw.client.generate(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        assert!(
+            status.message().contains("upgrade them"),
+            "{}",
+            status.message()
+        );
+    }
+    assert!(v.log.requests().is_empty());
+    // The same request unconstrained runs.
+    let done = gw
+        .client
+        .generate(prompt("Q: ", 5))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.text, "ok");
+    gw.stop().await.unwrap();
+}

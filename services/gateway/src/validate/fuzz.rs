@@ -45,6 +45,19 @@ fn any_request() -> impl Strategy<Value = GenerateRequest> {
             mode,
             max_draft_tokens,
         });
+    use v1::structured::Kind;
+    let structured = prop_oneof![
+        Just(None),
+        any::<bool>().prop_map(|b| Some(Kind::JsonObject(b))),
+        prop_oneof![
+            any_text(),
+            Just(r#"{"type": "object", "properties": {"a": {"type": "integer"}}}"#.to_string()),
+        ]
+        .prop_map(|t| Some(Kind::JsonSchema(t))),
+        any_text().prop_map(|t| Some(Kind::Regex(t))),
+        any_text().prop_map(|t| Some(Kind::Lark(t))),
+    ]
+    .prop_map(|kind| kind.map(|kind| v1::Structured { kind: Some(kind) }));
     (
         input,
         fuzz::any_u32(100),
@@ -52,6 +65,7 @@ fn any_request() -> impl Strategy<Value = GenerateRequest> {
         prop::collection::vec(any_text(), 0..5),
         prop::option::of(speculation),
         (any_text(), any_text(), any::<bool>(), any_text()),
+        (structured, any::<bool>(), fuzz::any_u32(25)),
     )
         .prop_map(
             |(
@@ -61,6 +75,7 @@ fn any_request() -> impl Strategy<Value = GenerateRequest> {
                 stop,
                 speculation,
                 (session_id, tenant, end_session, prediction),
+                (structured, logprobs, top_logprobs),
             )| {
                 GenerateRequest {
                     input,
@@ -73,6 +88,11 @@ fn any_request() -> impl Strategy<Value = GenerateRequest> {
                     end_session,
                     prediction,
                     cache_salt: String::new(),
+                    structured,
+                    logprobs,
+                    top_logprobs,
+                    min_new_tokens: top_logprobs * 3,
+                    ignore_eos: logprobs,
                 }
             },
         )

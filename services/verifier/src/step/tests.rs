@@ -61,7 +61,10 @@ fn step(path: Vec<usize>, accepted: Vec<u32>, bonus: u32, drafted: usize) -> Ste
             path,
             accepted,
             bonus,
+            logprobs: Vec::new(),
         },
+        forced: 0,
+        logprobs: Vec::new(),
         finish: None,
     }
 }

@@ -44,14 +44,23 @@ fn unsupported_parameters_are_refused_by_name() {
     };
     for (extra, param) in [
         (serde_json::json!({"n": 2}), "n"),
-        (serde_json::json!({"logprobs": true}), "logprobs"),
+        (serde_json::json!({"logprobs": 2}), "logprobs"),
+        (serde_json::json!({"top_logprobs": 2}), "top_logprobs"),
+        (
+            serde_json::json!({"logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+        ),
+        (
+            serde_json::json!({"response_format": {"type": "json_schema"}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            serde_json::json!({"response_format": {"type": "yaml"}}),
+            "response_format.type",
+        ),
         (
             serde_json::json!({"tools": [{"type": "function"}]}),
             "tools",
-        ),
-        (
-            serde_json::json!({"response_format": {"type": "json_object"}}),
-            "response_format",
         ),
         (
             serde_json::json!({"frequency_penalty": 0.5}),
@@ -164,4 +173,39 @@ fn speculation_and_tenant_are_our_extensions() {
     assert_eq!(base(serde_json::json!({})).unwrap().tenant, "");
     let e = base(serde_json::json!({"tenant": 7})).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("tenant"), "{e}");
+}
+
+#[test]
+fn response_formats_and_logprobs_become_the_grpc_fields() {
+    let r = chat(serde_json::json!({
+        "model": "m", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "t", "strict": true,
+            "schema": {"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "integer"}}}}},
+        "logprobs": true, "top_logprobs": 4, "min_tokens": 3, "ignore_eos": true,
+    }))
+    .unwrap();
+    // The caller's key order is kept (`z` before `a`).
+    assert_eq!(
+        r.structured.unwrap().kind,
+        Some(v1::structured::Kind::JsonSchema(
+            r#"{"type":"object","properties":{"z":{"type":"string"},"a":{"type":"integer"}}}"#
+                .into()
+        ))
+    );
+    assert_eq!((r.logprobs, r.top_logprobs), (true, 4));
+    assert_eq!((r.min_new_tokens, r.ignore_eos), (3, true));
+    let r = chat(serde_json::json!({
+        "model": "m", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_object"},
+    }))
+    .unwrap();
+    assert_eq!(
+        r.structured.unwrap().kind,
+        Some(v1::structured::Kind::JsonObject(true))
+    );
+    let r: CompletionRequest =
+        serde_json::from_value(serde_json::json!({"model": "m", "prompt": "x", "logprobs": 3}))
+            .unwrap();
+    let w = r.to_wire().unwrap();
+    assert_eq!((w.logprobs, w.top_logprobs), (true, 3));
 }
