@@ -113,26 +113,28 @@ pub fn step_batch_fused(
     };
     let t1 = Instant::now();
     let mut verdicts: Vec<specmesh_verify::Verification> = Vec::with_capacity(items.len());
-    for (((s, _), t), l) in items.iter_mut().zip(&trees).zip(&logits) {
-        let rows = RowMajor::new(l.as_slice(), l.vocab())?;
+    for ((((s, _), t), l), f) in items.iter_mut().zip(&trees).zip(&logits).zip(&fitted) {
         let position = s.position();
         let s: &mut Session = s;
-        let extras = Extras {
-            constraint: s
-                .constraint
-                .as_mut()
-                .map(|c| &mut **c as &mut dyn Constraint),
-            logprobs: s.logprobs,
-        };
-        match verify_with(t, &rows, &s.params, position, top_k, extras) {
+        let verdict = RowMajor::new(l.as_slice(), l.vocab()).and_then(|rows| {
+            let extras = Extras {
+                constraint: s
+                    .constraint
+                    .as_mut()
+                    .map(|c| &mut **c as &mut dyn Constraint),
+                logprobs: s.logprobs,
+                rejections: f.as_ref().map_or(&[], |f| f.rejections.as_slice()),
+            };
+            verify_with(t, &rows, &s.params, position, top_k, extras)
+        });
+        match verdict {
             Ok(v) => verdicts.push(v),
             Err(e) => {
                 // Every session as it was: the grammars verified so far
-                // went past their paths.
+                // went past their paths (a failed one rolled itself back).
                 for ((s, _), v) in items.iter_mut().zip(&verdicts) {
                     if let Some(c) = s.constraint.as_deref_mut() {
-                        c.rollback(v.path.len())
-                            .map_err(specmesh_verify::VerifyError::from)?;
+                        let _ = c.rollback(v.path.len());
                     }
                 }
                 for (s, _) in items.iter_mut() {

@@ -50,12 +50,17 @@ impl TokenConstraint {
     /// refused if the grammar does not allow it.
     pub fn resume(&mut self, output: &[u32]) -> Result<(), ConstraintError> {
         let n = self.matcher.try_consume_tokens(output).map_err(failed)?;
-        if n < output.len() {
+        // After the grammar's end only end-of-sequence tokens follow (an
+        // output with `ignore_eos` keeps them).
+        let rest = &output[n..];
+        if self.matcher.is_stopped() && rest.iter().all(|t| self.is_eos(*t)) {
+            self.after_end += rest.len();
+        } else if !rest.is_empty() {
             return Err(ConstraintError(format!(
                 "the output so far leaves the grammar at token {n}"
             )));
         }
-        self.advanced += n;
+        self.advanced += output.len();
         Ok(())
     }
 

@@ -84,19 +84,19 @@ impl Default for GrammarLimits {
     fn default() -> Self {
         GrammarLimits {
             max_bytes: 128 * 1024,
-            cache_entries: 64,
+            cache_entries: 16,
         }
     }
 }
 
 /// The engine's own limits: fuel for compiling (~20 ms of lexer
 /// construction), for each mask (~15 ms at worst), and a lexer of at most
-/// 50k states (each state 1–2 kB: ~100 MB at worst, not the default 0.5
-/// GB). Errors name no grammar text (`verbose_errors` off): they go back
+/// 20k states (each state 1–2 kB: ~40 MB at worst, not the default 0.5 GB;
+/// the 16 cached grammars hold at most ~0.6 GB). Errors name no grammar text (`verbose_errors` off): they go back
 /// to callers.
 fn parser_limits() -> ParserLimits {
     ParserLimits {
-        max_lexer_states: 50_000,
+        max_lexer_states: 20_000,
         verbose_errors: false,
         ..ParserLimits::default()
     }

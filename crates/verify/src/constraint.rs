@@ -9,15 +9,13 @@
 //! - a drafted node the constraint forbids is cut, with its subtree, before
 //!   the forward ([`constrain`]): the target never computes a row for it;
 //! - where a drafted node's children were drawn from a draft distribution
-//!   and one of them was cut, the node loses that distribution, so the walk
-//!   uses the probability-free rule there. Recursive rejection sampling is
-//!   lossless for candidates drawn from `q` without replacement; the
-//!   candidates the constraint lets through are not such draws from any
-//!   one distribution (which of them survive depends on themselves), while
-//!   the probability-free rule is exact whatever the candidates. Where no
-//!   child was cut, `q` is used as drafted: forbidden tokens have no mass
-//!   under the masked target, so they are rejected with certainty, which is
-//!   what the rule's proof covers for any `q`;
+//!   `q` and some were cut, rejection sampling still runs over *every*
+//!   drafted candidate with the drafted `q` ([`Rejection`]): a cut
+//!   candidate has no mass under the masked target, so it is rejected with
+//!   certainty, exactly as it would be had the target seen it, and the rule
+//!   stays lossless (it is for any `q` its candidates were drawn from).
+//!   Deciding otherwise where a child was cut (dropping `q`, say) would
+//!   depend on which candidates were drawn, and bias the output;
 //! - after each drafted leaf (and at the root), the bytes the constraint
 //!   forces (`{"name": "`, a closing bracket, the rest of an enum value)
 //!   are grafted as a chain of nodes, tokenised as the model would write
@@ -61,6 +59,17 @@ pub trait Constraint: Send + Sync + std::fmt::Debug {
     fn forced(&mut self) -> Result<Vec<u32>, ConstraintError>;
 }
 
+/// How a node that lost drafted children decides: rejection sampling over
+/// all the candidates drafted there, with the distribution they were drawn
+/// from (the cut ones are rejected with certainty).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejection {
+    /// Every drafted child's token, in drafted order.
+    pub candidates: Vec<u32>,
+    /// The draft distribution they were drawn from.
+    pub q: Vec<(u32, f32)>,
+}
+
 /// A tree fitted to a constraint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Constrained {
@@ -68,6 +77,10 @@ pub struct Constrained {
     /// For each node of `tree`, the node of the drafted tree it is;
     /// `None` for a node grafted from what the constraint forces.
     pub origin: Vec<Option<usize>>,
+    /// For each node of `tree`: its [`Rejection`] when it had a draft
+    /// distribution and lost drafted children (the tree then carries no
+    /// distribution there).
+    pub rejections: Vec<Option<Rejection>>,
 }
 
 impl Constrained {
@@ -95,11 +108,17 @@ pub fn constrain(
         builder: TreeBuilder::new(tree.root_token(), fit)?,
         origin: vec![Some(0)],
         budget: max_grafted,
+        cut: Vec::new(),
     };
     out.walk(tree, 0, 0, constraint)?;
+    let mut rejections = vec![None; out.origin.len()];
+    for (node, r) in out.cut {
+        rejections[node] = Some(r);
+    }
     Ok(Constrained {
         tree: out.builder.build(),
         origin: out.origin,
+        rejections,
     })
 }
 
@@ -107,6 +126,8 @@ struct Fit {
     builder: TreeBuilder,
     origin: Vec<Option<usize>>,
     budget: usize,
+    /// Nodes with a draft distribution that lost drafted children.
+    cut: Vec<(usize, Rejection)>,
 }
 
 impl Fit {
@@ -133,11 +154,20 @@ impl Fit {
             c.rollback(1)?;
             walked?;
         }
-        if kept == kids.len()
-            && kept > 0
-            && let Some(d) = tree.draft_dist(node)
+        if let Some(d) = tree.draft_dist(node)
+            && !kids.is_empty()
         {
-            self.builder.set_draft_dist(at, d.entries().to_vec())?;
+            if kept == kids.len() {
+                self.builder.set_draft_dist(at, d.entries().to_vec())?;
+            } else {
+                self.cut.push((
+                    at,
+                    Rejection {
+                        candidates: kids.iter().map(|&k| tree.token(k as usize)).collect(),
+                        q: d.entries().to_vec(),
+                    },
+                ));
+            }
         }
         if kept == 0 && self.budget > 0 {
             self.graft(at, c)?;

@@ -44,7 +44,7 @@ mod rrs;
 mod topk;
 mod verify;
 
-pub use constraint::{Constrained, Constraint, ConstraintError, constrain};
+pub use constraint::{Constrained, Constraint, ConstraintError, Rejection, constrain};
 pub use error::VerifyError;
 pub use min_tokens::MinTokens;
 pub use rows::{LogitRows, RowMajor};

@@ -133,6 +133,7 @@ mod tests {
             let extras = Extras {
                 constraint: Some(&mut c),
                 logprobs: None,
+                rejections: &[],
             };
             let v = verify_with(
                 &root,

@@ -4,7 +4,7 @@
 use specmesh_sampling::{Allowed, SamplingParams, sample_in, uniform_at};
 use specmesh_tree::TokenTree;
 
-use crate::constraint::Constraint;
+use crate::constraint::{Constraint, Rejection};
 use crate::rrs::{Decision, recursive_rejection};
 use crate::topk::{TokenLogprobs, token_logprobs, top_logprobs};
 use crate::{LogitRows, VerifyError};
@@ -41,6 +41,10 @@ pub struct Extras<'a> {
     /// Report log-probabilities of the committed tokens with this many
     /// alternatives each (at most 20 by the APIs).
     pub logprobs: Option<usize>,
+    /// Per node of a tree fitted to the constraint: how a node that lost
+    /// drafted children decides ([`crate::Constrained::rejections`]);
+    /// empty for a tree as drafted.
+    pub rejections: &'a [Option<crate::Rejection>],
 }
 
 impl Verification {
@@ -156,7 +160,8 @@ fn walk<R: LogitRows + ?Sized>(
         let at = position.wrapping_add(tree.depth(node) as u64);
         let (decided, token) = match extras.constraint.as_deref_mut() {
             None => {
-                let decided = step(tree, node, row, params, at, None);
+                let rejection = extras.rejections.get(node).and_then(Option::as_ref);
+                let decided = step(tree, node, row, params, at, None, rejection);
                 let token = decided.token(tree);
                 if let Some(n) = extras.logprobs {
                     logprobs.push(token_logprobs(row, None, token, n));
@@ -169,7 +174,8 @@ fn walk<R: LogitRows + ?Sized>(
                 if words.iter().all(|&w| w == 0) {
                     return Err(VerifyError::NothingAllowed { node });
                 }
-                let decided = step(tree, node, row, params, at, Some(allowed));
+                let rejection = extras.rejections.get(node).and_then(Option::as_ref);
+                let decided = step(tree, node, row, params, at, Some(allowed), rejection);
                 let token = decided.token(tree);
                 if let Some(n) = extras.logprobs {
                     logprobs.push(token_logprobs(row, Some(allowed), token, n));
@@ -211,8 +217,12 @@ impl Step {
     }
 }
 
+/// A node's draft distribution and the candidates drawn from it.
+type Candidates<'a> = (&'a [(u32, f32)], Vec<u32>);
+
 /// Decides the token at output position `at` from `node`'s row, among the
-/// tokens `allowed` lets through.
+/// tokens `allowed` lets through; `rejection`: the node's drafted
+/// candidates and `q` when a constraint cut some of them.
 fn step(
     tree: &TokenTree,
     node: usize,
@@ -220,18 +230,33 @@ fn step(
     params: &SamplingParams,
     at: u64,
     allowed: Option<Allowed<'_>>,
+    rejection: Option<&Rejection>,
 ) -> Step {
     let children = tree.children(node);
+    let drafted: Option<Candidates<'_>> = match rejection {
+        Some(r) => Some((&r.q, r.candidates.clone())),
+        None => tree
+            .draft_dist(node)
+            .filter(|_| !children.is_empty())
+            .map(|q| {
+                let tokens = children.iter().map(|&c| tree.token(c as usize)).collect();
+                (q.entries(), tokens)
+            }),
+    };
     if !params.is_greedy()
-        && !children.is_empty()
-        && let Some(q) = tree.draft_dist(node)
+        && let Some((q, tokens)) = drafted
     {
         let p = params.distribution_in(row, allowed);
-        let tokens: Vec<u32> = children.iter().map(|&c| tree.token(c as usize)).collect();
         let draw = |d| uniform_at(params.seed, at, d);
-        match recursive_rejection(&p, q.entries(), &tokens, row.len(), draw) {
-            Decision::Accept(k) => return Step::Descend(children[k] as usize),
-            Decision::Bonus(token) => return Step::Stop(token),
+        // The token decided here descends into the child carrying it, if
+        // any (a cut candidate has none, nor may the residual's draw).
+        let decided = |token: u32| match tree.child_with(node, token) {
+            Some(child) => Step::Descend(child),
+            None => Step::Stop(token),
+        };
+        match recursive_rejection(&p, q, &tokens, row.len(), draw) {
+            Decision::Accept(k) => return decided(tokens[k]),
+            Decision::Bonus(token) => return decided(token),
             Decision::Fallback => {}
         }
     }

@@ -238,6 +238,8 @@ pub struct SpanOutcome {
     pub top_k: Vec<Vec<(u32, f32)>>,
     /// The verifier's batch size at the last step, at least 1.
     pub batch_size: usize,
+    /// Tokens of `committed` a grammar forced (beyond one per step).
+    pub forced: usize,
     /// See [`Outcome::node_budget`].
     pub node_budget: Option<usize>,
 }
@@ -273,6 +275,7 @@ impl SpanOutcome {
             ));
         }
         Ok(SpanOutcome {
+            forced: o.forced,
             committed: o.committed,
             top_k,
             batch_size: (o.batch_size as usize).max(1),

@@ -324,6 +324,7 @@ impl DecodeLoop {
             prefix: &prefix,
             need_blocks: reserve.div_ceil(BLOCK_TOKENS) as u64,
             structured: needs_capability(request),
+            grammar: request.structured.is_some(),
         };
         let placement = self.members.placer().place(key, failed, epoch)?;
         let predicted = placement.predicted_blocks * BLOCK_TOKENS;

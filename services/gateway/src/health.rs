@@ -133,13 +133,23 @@ async fn watch(role: Role, member: Member, channel: Channel) {
 /// its own name, see [`specmesh_server::capability`]); an older member
 /// answers NOT_FOUND, and is not placed on for them.
 async fn capabilities(client: &mut HealthClient<Channel>, member: &Member) {
-    let request = HealthCheckRequest {
+    let request = || HealthCheckRequest {
         service: specmesh_server::capability::STRUCTURED.to_owned(),
     };
-    let serves = client
-        .check(request)
-        .await
-        .is_ok_and(|r| r.into_inner().status() == ServingStatus::Serving);
+    let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
+    let mut serves = false;
+    // NOT_FOUND is an answer (an older member); a failed call is asked
+    // again a few times before the member counts as not serving.
+    for _ in 0..4 {
+        match client.check(request()).await {
+            Ok(r) => {
+                serves = r.into_inner().status() == ServingStatus::Serving;
+                break;
+            }
+            Err(s) if s.code() == Code::NotFound || s.code() == Code::Unimplemented => break,
+            Err(_) => tokio::time::sleep(retry.next_wait()).await,
+        }
+    }
     let was = member
         .structured
         .swap(serves, std::sync::atomic::Ordering::Relaxed);

@@ -167,9 +167,14 @@ pub struct PlacementKey<'a> {
     pub prefix: &'a [u64],
     /// Blocks of KV the request reserves on its verifier.
     pub need_blocks: u64,
-    /// It has a `structured` constraint or asks for logprobs: only members
-    /// that serve them may take it (a drafter that does not runs none).
+    /// It has a `structured` constraint or asks for logprobs,
+    /// `min_new_tokens` or `ignore_eos`: only verifiers that serve them may
+    /// take it.
     pub structured: bool,
+    /// It has a grammar, whose forced tokens only drafters that serve
+    /// structured outputs read in their outcomes (a drafter that does not
+    /// drafts for none).
+    pub grammar: bool,
 }
 
 /// Where one attempt of a request runs.
@@ -374,7 +379,7 @@ impl Placer {
         } else {
             Vec::new()
         };
-        if key.structured {
+        if key.grammar {
             order.retain(|(d, _)| d.serves_structured());
         }
         let (drafter, fallback_drafters, drafter_blocks) = match order.split_first() {

@@ -534,7 +534,7 @@ fn verify(
             tracing::warn!(parent: &job.span, error = %e, "verify step failed");
             let _ = job.reply.send(StepDone {
                 session: job.session,
-                result: Err(VerifierError::Model(e.to_string())),
+                result: Err(step_error(e)),
                 batch_size: 1,
                 planning: job.planning,
                 granted: None,
@@ -543,6 +543,18 @@ fn verify(
                 batch_wait_us: 0,
             });
         }
+    }
+}
+
+/// A failed step's error: a grammar that fails mid-output (a limit of its
+/// engine reached, say) is the request's to fix; anything else is ours.
+fn step_error(e: specmesh_engine::EngineError) -> VerifierError {
+    use specmesh_verify::VerifyError;
+    match e {
+        specmesh_engine::EngineError::Verify(
+            v @ (VerifyError::Constraint(_) | VerifyError::NothingAllowed { .. }),
+        ) => VerifierError::invalid("structured", v.to_string()),
+        e => VerifierError::Model(e.to_string()),
     }
 }
 

@@ -135,6 +135,7 @@ fn the_root_alone_gets_the_forced_chain() {
     let extras = Extras {
         constraint: Some(&mut c),
         logprobs: Some(2),
+        rejections: &[],
     };
     let v = verify_with(&fitted.tree, &rows, &SamplingParams::greedy(), 0, 0, extras).unwrap();
     assert_eq!(v.accepted, [4, 5]);
@@ -161,6 +162,7 @@ fn sampling_never_leaves_the_mask_and_matches_plain_masked_sampling() {
         let extras = Extras {
             constraint: Some(&mut c),
             logprobs: None,
+            rejections: &[],
         };
         let v = verify_with(&root, &vec![row.clone()], &params, position, 0, extras).unwrap();
         assert!([1, 2, 5].contains(&v.bonus));
@@ -176,19 +178,57 @@ fn sampling_never_leaves_the_mask_and_matches_plain_masked_sampling() {
 }
 
 #[test]
-fn a_node_that_lost_a_drafted_child_loses_its_draft_distribution() {
+fn a_node_that_lost_a_drafted_child_still_rejects_over_every_candidate() {
     let mut b = TreeBuilder::new(0, TreeLimits::new(8, 4, V)).unwrap();
     b.push(0, 1, 0.6).unwrap();
     b.push(0, 2, 0.4).unwrap();
-    b.set_draft_dist(0, vec![(1, 0.6), (2, 0.4)]).unwrap();
+    b.set_draft_dist(0, vec![(1, 0.5), (2, 0.5)]).unwrap();
     let tree = b.build();
     let mut keeps_both = Sets::new(&[&[1, 2], &[3]]);
     let fitted = constrain(&tree, &mut keeps_both, 0).unwrap();
     assert!(fitted.tree.draft_dist(0).is_some());
-    let mut cuts_one = Sets::new(&[&[1], &[3]]);
+    assert!(fitted.rejections.iter().all(Option::is_none));
+    let mut cuts_one = Sets::new(&[&[1, 3], &[3]]);
     let fitted = constrain(&tree, &mut cuts_one, 0).unwrap();
     assert_eq!(fitted.tree.tokens(), [0, 1]);
     assert!(fitted.tree.draft_dist(0).is_none());
+    let r = fitted.rejections[0].clone().unwrap();
+    assert_eq!(r.candidates, [1, 2]);
+    // Lossless whatever was cut: the masked target is {1: 1/2, 3: 1/2};
+    // `q` drew 1 or 2 with 1/2 each. Averaged over both draws (2 cut when
+    // drawn), each position's token must follow the masked target.
+    let row = vec![0.0f32, 1.0, 5.0, 1.0, 0.0, 0.0, 0.0, 0.0];
+    let params = SamplingParams::new(1.0, 1.0, 0, 5).unwrap();
+    let mut counts = [0usize; 8];
+    let n = 40_000u64;
+    let cut_two = {
+        let mut b = TreeBuilder::new(0, TreeLimits::new(8, 4, V)).unwrap();
+        b.push(0, 2, 0.6).unwrap();
+        b.set_draft_dist(0, vec![(1, 0.5), (2, 0.5)]).unwrap();
+        b.build()
+    };
+    for position in 0..n {
+        // The drafter's draw: candidate 1 or 2 with q's probabilities,
+        // from a stream independent of the verifier's uniforms.
+        let drawn_one = specmesh_sampling::uniform(99, position) < 0.5;
+        let drafted = if drawn_one { &tree } else { &cut_two };
+        let mut c = Sets::new(&[&[1, 3]]);
+        let fitted = constrain(drafted, &mut c, 0).unwrap();
+        let extras = Extras {
+            constraint: Some(&mut c),
+            logprobs: None,
+            rejections: &fitted.rejections,
+        };
+        let rows = vec![row.clone(); fitted.tree.len()];
+        let v = verify_with(&fitted.tree, &rows, &params, position, 0, extras).unwrap();
+        counts[v.committed()[0] as usize] += 1;
+    }
+    for (t, want) in [(1usize, 0.5f64), (3, 0.5)] {
+        let got = counts[t] as f64 / n as f64;
+        let sd = (want * (1.0 - want) / n as f64).sqrt();
+        assert!((got - want).abs() < 5.0 * sd, "{counts:?}");
+    }
+    assert_eq!(counts[1] + counts[3], n as usize, "{counts:?}");
 }
 
 #[test]

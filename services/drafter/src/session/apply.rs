@@ -180,6 +180,12 @@ impl DraftSession {
         self.check_room(o.committed.len())?;
         self.node_budget = o.node_budget;
         let limits = Budget::OFF.limits(self.vocab);
+        if o.forced > 0 {
+            // A grammar forced tokens between the steps' own: the rows no
+            // longer follow the tokens one to one, so nothing is learned.
+            self.context.extend_from_slice(&o.committed);
+            return Ok((Reported::plain(steps as u64), o.batch_size));
+        }
         for (i, &token) in o.committed.iter().enumerate() {
             let root = *self.context.last().expect("the context only grows");
             let tree = TokenTree::root_only(root, limits)

@@ -16,6 +16,7 @@ fn session(id: &str) -> PlacementKey<'_> {
         prefix: &[],
         need_blocks: 0,
         structured: false,
+        grammar: false,
     }
 }
 
@@ -38,6 +39,7 @@ const ANON: PlacementKey<'static> = PlacementKey {
     prefix: &[],
     need_blocks: 0,
     structured: false,
+    grammar: false,
 };
 
 #[test]
@@ -156,6 +158,7 @@ fn a_tenant_keeps_its_drafter_and_off_means_none() {
                     prefix: &[],
                     need_blocks: 0,
                     structured: false,
+                    grammar: false,
                 },
                 &[],
                 1,
@@ -177,6 +180,7 @@ fn a_tenant_keeps_its_drafter_and_off_means_none() {
                 prefix: &[],
                 need_blocks: 0,
                 structured: false,
+                grammar: false,
             },
             &[],
             1,
@@ -242,6 +246,7 @@ fn members_found_down_are_left_out_until_they_recover() {
         prefix: &[],
         need_blocks: 0,
         structured: false,
+        grammar: false,
     };
     let p = placer.place(acme, &[], 1).unwrap();
     assert_eq!(p.drafter.as_deref(), Some(second.as_str()));
@@ -394,6 +399,7 @@ fn a_request_goes_where_its_prefix_is_cached_weighed_against_load() {
         prefix: &prefix,
         need_blocks: 10,
         structured: false,
+        grammar: false,
     };
     // Nothing indexed: the session's rendezvous choice, or the least
     // loaded.
@@ -450,6 +456,7 @@ fn a_speculative_request_goes_to_the_drafter_holding_its_prefix() {
         prefix: &prefix,
         need_blocks: 0,
         structured: false,
+        grammar: false,
     };
     // Nothing cached anywhere: the tenant's drafter.
     let home = placer.drafter("acme").unwrap();
@@ -499,6 +506,7 @@ fn structured_requests_go_only_to_members_that_serve_them() {
     let placer = Placer::new(endpoints(3), drafters);
     let structured = PlacementKey {
         structured: true,
+        grammar: true,
         ..ANON
     };
     // No member has said it serves them yet: refused, not ignored.
