@@ -36,23 +36,18 @@ struct SpecCounters {
 }
 
 impl SpecCounters {
-    fn new(prefix: &str) -> SpecCounters {
+    /// Under `names`: the drafts, draft tokens, accepted tokens and
+    /// accepted-per-position counters' (written out whole, so that the
+    /// deployment's checks find every name in the source).
+    fn new(names: [&str; 4]) -> SpecCounters {
+        let [drafts, draft_tokens, accepted, per_pos] = names;
         SpecCounters {
-            num_drafts: counter(
-                &format!("{prefix}spec_decode_num_drafts_total"),
-                "Verify steps that verified drafted tokens.",
-            ),
-            num_draft_tokens: counter(
-                &format!("{prefix}spec_decode_num_draft_tokens_total"),
-                "Drafted tokens (tree nodes) verified.",
-            ),
-            num_accepted_tokens: counter(
-                &format!("{prefix}spec_decode_num_accepted_tokens_total"),
-                "Drafted tokens the target accepted.",
-            ),
+            num_drafts: counter(drafts, "Verify steps that verified drafted tokens."),
+            num_draft_tokens: counter(draft_tokens, "Drafted tokens (tree nodes) verified."),
+            num_accepted_tokens: counter(accepted, "Drafted tokens the target accepted."),
             accepted_per_pos: IntCounterVec::new(
                 Opts::new(
-                    format!("{prefix}spec_decode_num_accepted_tokens_per_pos_total"),
+                    per_pos,
                     "Accepted drafted tokens by their position on the accepted path (0: the first after the root).",
                 ),
                 &["position"],
@@ -125,8 +120,18 @@ impl GatewayMetrics {
             0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5,
         ];
         GatewayMetrics {
-            spec: SpecCounters::new("specmesh_"),
-            vllm: SpecCounters::new("vllm:"),
+            spec: SpecCounters::new([
+                "specmesh_spec_decode_num_drafts_total",
+                "specmesh_spec_decode_num_draft_tokens_total",
+                "specmesh_spec_decode_num_accepted_tokens_total",
+                "specmesh_spec_decode_num_accepted_tokens_per_pos_total",
+            ]),
+            vllm: SpecCounters::new([
+                "vllm:spec_decode_num_drafts_total",
+                "vllm:spec_decode_num_draft_tokens_total",
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+            ]),
             forced_tokens: counter(
                 "specmesh_forced_tokens_total",
                 "Tokens accepted from what a request's `structured` constraint forced (verified as \
