@@ -62,7 +62,7 @@ out["seeded"] = sampled
 errors = {}
 for name, kwargs in {
     "n": {"model": model, "messages": ask, "n": 2},
-    "role": {"model": model, "messages": [{"role": "tool", "content": "x", "tool_call_id": "t"}]},
+    "role": {"model": model, "messages": [{"role": "function", "name": "f", "content": "x"}]},
     "model": {"model": "gpt-4o", "messages": ask},
     "context": {"model": model, "messages": ask, "max_tokens": 1_000_000},
 }.items():

@@ -124,6 +124,17 @@ for name, schema in bad.items():
         refusals[name] = None
     except openai.BadRequestError as e:
         refusals[name] = {"status": e.status_code, "param": e.param, "message": e.message}
+# SmolLM2's chat template declares no tools: offering them is refused.
+try:
+    client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+        max_tokens=8,
+    )
+    refusals["tools"] = None
+except openai.BadRequestError as e:
+    refusals["tools"] = {"status": e.status_code, "param": e.param, "message": e.message}
 out["refusals"] = refusals
 
 # What benchmark clients read: the model's length, token counts, and the

@@ -22,7 +22,11 @@ pub struct Front {
 impl Front {
     /// The three services, `gateway_args` added to the gateway's flags.
     pub fn start(gateway_args: &[&str]) -> Front {
-        let model = model_path();
+        Front::start_model(&model_path(), gateway_args)
+    }
+
+    /// [`Front::start`] on `model` (a path or a catalog name).
+    pub fn start_model(model: &std::path::Path, gateway_args: &[&str]) -> Front {
         let model_arg = model.display().to_string();
         let drafter = Service::start("specmesh-drafter", &[] as &[&str], &[]);
         let verifier = Service::start(

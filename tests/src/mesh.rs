@@ -290,7 +290,9 @@ pub fn chat_request(text: &str, max_new_tokens: u32) -> v1::GenerateRequest {
             messages: vec![v1::ChatMessage {
                 role: "user".into(),
                 content: text.into(),
+                ..Default::default()
             }],
+            ..Default::default()
         })),
         max_new_tokens,
         ..Default::default()

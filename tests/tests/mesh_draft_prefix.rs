@@ -44,18 +44,24 @@ fn turn(tenant: &str, questions: &[&str], replies: &[String], t: usize) -> v1::G
         messages.push(v1::ChatMessage {
             role: "user".into(),
             content: (*q).into(),
+            ..Default::default()
         });
         messages.push(v1::ChatMessage {
             role: "assistant".into(),
             content: a.clone(),
+            ..Default::default()
         });
     }
     messages.push(v1::ChatMessage {
         role: "user".into(),
         content: questions[t].into(),
+        ..Default::default()
     });
     v1::GenerateRequest {
-        input: Some(v1::generate_request::Input::Chat(v1::Chat { messages })),
+        input: Some(v1::generate_request::Input::Chat(v1::Chat {
+            messages,
+            ..Default::default()
+        })),
         max_new_tokens: MAX_NEW,
         tenant: tenant.into(),
         ..Default::default()

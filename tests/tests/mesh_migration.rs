@@ -134,16 +134,21 @@ fn turn_request(session_id: &str, replies: &[String], t: usize) -> v1::GenerateR
         messages.push(v1::ChatMessage {
             role: "user".into(),
             content: (*user).into(),
+            ..Default::default()
         });
         if i < t {
             messages.push(v1::ChatMessage {
                 role: "assistant".into(),
                 content: replies[i].clone(),
+                ..Default::default()
             });
         }
     }
     v1::GenerateRequest {
-        input: Some(v1::generate_request::Input::Chat(v1::Chat { messages })),
+        input: Some(v1::generate_request::Input::Chat(v1::Chat {
+            messages,
+            ..Default::default()
+        })),
         max_new_tokens: TURNS[t].1,
         session_id: session_id.into(),
         cache_salt: session_id.into(),

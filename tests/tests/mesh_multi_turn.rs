@@ -56,18 +56,24 @@ fn turn_request(session: usize, replies: &[String], turn: usize) -> v1::Generate
         messages.push(v1::ChatMessage {
             role: "user".into(),
             content: user_message(session, t),
+            ..Default::default()
         });
         messages.push(v1::ChatMessage {
             role: "assistant".into(),
             content: reply.clone(),
+            ..Default::default()
         });
     }
     messages.push(v1::ChatMessage {
         role: "user".into(),
         content: user_message(session, turn),
+        ..Default::default()
     });
     v1::GenerateRequest {
-        input: Some(v1::generate_request::Input::Chat(v1::Chat { messages })),
+        input: Some(v1::generate_request::Input::Chat(v1::Chat {
+            messages,
+            ..Default::default()
+        })),
         max_new_tokens: MAX_NEW,
         ..Default::default()
     }

@@ -32,24 +32,31 @@ fn request(c: usize, t: usize, first_reply: &str, seeded: bool) -> v1::GenerateR
         v1::ChatMessage {
             role: "system".into(),
             content: SYSTEM.into(),
+            ..Default::default()
         },
         v1::ChatMessage {
             role: "user".into(),
             content: user(0),
+            ..Default::default()
         },
     ];
     if t == 1 {
         messages.push(v1::ChatMessage {
             role: "assistant".into(),
             content: first_reply.into(),
+            ..Default::default()
         });
         messages.push(v1::ChatMessage {
             role: "user".into(),
             content: user(1),
+            ..Default::default()
         });
     }
     v1::GenerateRequest {
-        input: Some(v1::generate_request::Input::Chat(v1::Chat { messages })),
+        input: Some(v1::generate_request::Input::Chat(v1::Chat {
+            messages,
+            ..Default::default()
+        })),
         max_new_tokens: MAX_NEW,
         sampling: seeded.then_some(v1::SamplingParams {
             temperature: 0.8,

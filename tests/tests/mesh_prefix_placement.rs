@@ -39,18 +39,24 @@ fn turn(c: usize, replies: &[String], t: usize) -> v1::GenerateRequest {
         messages.push(v1::ChatMessage {
             role: "user".into(),
             content: message(c, i),
+            ..Default::default()
         });
         messages.push(v1::ChatMessage {
             role: "assistant".into(),
             content: reply.clone(),
+            ..Default::default()
         });
     }
     messages.push(v1::ChatMessage {
         role: "user".into(),
         content: message(c, t),
+        ..Default::default()
     });
     v1::GenerateRequest {
-        input: Some(v1::generate_request::Input::Chat(v1::Chat { messages })),
+        input: Some(v1::generate_request::Input::Chat(v1::Chat {
+            messages,
+            ..Default::default()
+        })),
         max_new_tokens: MAX_NEW,
         tenant: format!("tenant-{}", c % 2),
         ..Default::default()

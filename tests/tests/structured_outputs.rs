@@ -133,6 +133,16 @@ async fn structured_outputs_and_logprobs_through_the_openai_client() {
         assert_eq!(r[name]["status"], 400, "{name}: {r}");
         assert_eq!(r[name]["param"], "response_format", "{name}: {r}");
     }
+    // SmolLM2's template declares no tools: they are refused by name.
+    assert_eq!(r["tools"]["status"], 400, "{r}");
+    assert_eq!(r["tools"]["param"], "tools", "{r}");
+    assert!(
+        r["tools"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("declares no tools"),
+        "{r}"
+    );
     assert!(
         r["unknown_type"]["message"]
             .as_str()

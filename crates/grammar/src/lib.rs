@@ -37,7 +37,7 @@ use llguidance::{Matcher, ParserFactory};
 use specmesh_tokenizer::Tokenizer;
 
 pub use constraint::TokenConstraint;
-pub use spec::{Structured, StructuredKind};
+pub use spec::{Structured, StructuredKind, with_layout};
 
 use crate::cache::Cache;
 

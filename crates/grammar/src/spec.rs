@@ -107,8 +107,9 @@ impl Structured {
 }
 
 /// The schema with the default layout (see the crate docs) unless it
-/// states its own.
-fn with_layout(mut schema: Value) -> Value {
+/// states its own: what a JSON schema is compiled with, also inside a
+/// Lark grammar's `%json { ... }`.
+pub fn with_layout(mut schema: Value) -> Value {
     if let Value::Object(map) = &mut schema
         && !map.contains_key("x-guidance")
     {

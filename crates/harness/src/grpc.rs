@@ -110,8 +110,10 @@ pub fn chat_request<'a>(
                 .map(|(role, content)| v1::ChatMessage {
                     role: role.into(),
                     content: content.into(),
+                    ..Default::default()
                 })
                 .collect(),
+            ..Default::default()
         })),
         max_new_tokens,
         speculation: Some(v1::SpeculationParams {

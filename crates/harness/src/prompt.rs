@@ -13,13 +13,7 @@ pub fn encode_prompt(tokenizer: &Tokenizer, prompt: &str, chat: bool) -> Result<
         bail!("the prompt is empty");
     }
     let ids = if chat {
-        let rendered = tokenizer.apply_chat_template(
-            &[ChatMessage {
-                role: "user".into(),
-                content: prompt.into(),
-            }],
-            true,
-        )?;
+        let rendered = tokenizer.apply_chat_template(&[ChatMessage::new("user", prompt)], true)?;
         tokenizer.encode_for_model(&rendered)?
     } else {
         tokenizer.encode_for_model(prompt)?

@@ -15,23 +15,20 @@ use crate::{ChatMessage, TokenizerError};
 pub(crate) fn render(
     template: &str,
     messages: &[ChatMessage],
+    tools: &[serde_json::Value],
     add_generation_prompt: bool,
     bos_token: Option<&str>,
     eos_token: Option<&str>,
 ) -> Result<String, TokenizerError> {
-    let mut env = Environment::new();
-    env.set_trim_blocks(true);
-    env.set_lstrip_blocks(true);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function("raise_exception", raise_exception);
-    env.add_function("strftime_now", strftime_now);
-    env.add_filter("tojson", tojson);
-
+    let env = environment();
     let template = env
         .template_from_str(template)
         .map_err(|e| TokenizerError::Template(describe(&e)))?;
     let mut ctx: BTreeMap<&str, Value> = BTreeMap::new();
     ctx.insert("messages", Value::from_serialize(messages));
+    if !tools.is_empty() {
+        ctx.insert("tools", Value::from_serialize(tools));
+    }
     ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
     // Absent tokens stay undefined (render as "") rather than "none".
     if let Some(bos) = bos_token {
@@ -43,6 +40,25 @@ pub(crate) fn render(
     template
         .render(ctx)
         .map_err(|e| TokenizerError::Template(describe(&e)))
+}
+
+/// Whether `template` reads a top-level `tools` variable.
+pub(crate) fn declares_tools(template: &str) -> bool {
+    environment()
+        .template_from_str(template)
+        .is_ok_and(|t| t.undeclared_variables(false).contains("tools"))
+}
+
+/// HF's Jinja environment.
+fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", strftime_now);
+    env.add_filter("tojson", tojson);
+    env
 }
 
 /// minijinja's message plus the chain of causes, on one line.
@@ -308,6 +324,53 @@ mod tests {
             "Tuesday Tue November 11/14/23 22:13:20 10PM 14 % %Q"
         );
         assert_eq!(strftime("%Y-%m-%d", 951_782_400), "2000-02-29");
+    }
+
+    /// The tool parts of Qwen2.5's template.
+    const TOOLS_TEMPLATE: &str = "{% if tools %}<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n{% endif %}{% for message in messages %}{% if message.role == 'assistant' and message.tool_calls %}{% for tool_call in message.tool_calls %}{% if tool_call.function is defined %}{% set tool_call = tool_call.function %}{% endif %}<tool_call>\n{\"name\": \"{{ tool_call.name }}\", \"arguments\": {{ tool_call.arguments | tojson }}}\n</tool_call>{% endfor %}{% elif message.role == 'tool' %}<tool_response>{{ message.content }}</tool_response>{% else %}{{ message.content }}{% endif %}\n{% endfor %}";
+
+    #[test]
+    fn tools_and_calls_render_as_hugging_face_does() {
+        assert!(declares_tools(TOOLS_TEMPLATE));
+        assert!(!declares_tools(
+            "{% for message in messages %}{{ message.content }}{% endfor %}"
+        ));
+        let tools = [
+            serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "b": 1, "a": 2}}}),
+        ];
+        let mut call = ChatMessage::new("assistant", "");
+        call.tool_calls = vec![crate::ToolCall::function(
+            "call_1",
+            "f",
+            serde_json::json!({"z": 1, "a": "x"}),
+        )];
+        let mut result = ChatMessage::new("tool", "42");
+        result.tool_call_id = Some("call_1".into());
+        let out = render(
+            TOOLS_TEMPLATE,
+            &[ChatMessage::new("user", "hi"), call, result],
+            &tools,
+            false,
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            // (`trim_blocks` eats the newline after each block tag.)
+            "<tools>{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"b\": 1, \"a\": 2}}}</tools>\nhi<tool_call>\n{\"name\": \"f\", \"arguments\": {\"z\": 1, \"a\": \"x\"}}\n</tool_call><tool_response>42</tool_response>"
+        );
+        // Without tools, `tools` stays undefined.
+        let out = render(
+            TOOLS_TEMPLATE,
+            &[ChatMessage::new("user", "hi")],
+            &[],
+            false,
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(out, "hi");
     }
 
     #[test]

@@ -26,11 +26,21 @@ use std::sync::Arc;
 pub use decoder::IncrementalDecoder;
 pub use error::TokenizerError;
 
-/// One chat turn, as passed to a chat template (`messages` in Jinja).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// One chat turn, as passed to a chat template (`messages` in Jinja), in
+/// the shape Hugging Face's `apply_chat_template` is given: the optional
+/// fields are absent (undefined in the template) unless set.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant's tool calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// A tool message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -39,6 +49,44 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
+    }
+}
+
+/// A tool call in a template's history: `{"id", "type": "function",
+/// "function": {"name", "arguments"}}` with the arguments as an object,
+/// which is what templates expect (they serialise it with `tojson`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ToolCall {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: ToolCallFunction,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ToolCallFunction {
+    pub name: String,
+    pub arguments: serde_json::Value,
+}
+
+impl ToolCall {
+    pub fn function(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: serde_json::Value,
+    ) -> Self {
+        ToolCall {
+            id: id.into(),
+            kind: "function".to_owned(),
+            function: ToolCallFunction {
+                name: name.into(),
+                arguments,
+            },
         }
     }
 }
@@ -364,6 +412,28 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.apply_chat_template_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// Whether the chat template reads a `tools` variable, i.e. renders the
+    /// tools a request offers (SmolLM2's does not, Qwen2.5's does).
+    pub fn template_declares_tools(&self) -> bool {
+        self.inner
+            .chat_template
+            .as_deref()
+            .is_some_and(chat::declares_tools)
+    }
+
+    /// [`Self::apply_chat_template`] with `tools` in the template's
+    /// context (each as the caller gave it, OpenAI's `{"type": "function",
+    /// "function": {...}}`), as `apply_chat_template(..., tools=...)`
+    /// does; an empty list leaves `tools` undefined.
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
         let template =
             self.inner
                 .chat_template
@@ -379,6 +449,7 @@ impl Tokenizer {
         chat::render(
             template,
             messages,
+            tools,
             add_generation_prompt,
             piece(self.inner.bos).as_deref(),
             piece(eos).as_deref(),

@@ -29,7 +29,7 @@ use tracing::{Instrument, debug, field, info, info_span, warn};
 use crate::error::GatewayError;
 use crate::members::Members;
 use crate::metrics::GatewayMetrics;
-use crate::output::{Delta, OutputBuilder};
+use crate::output::{Calls, Delta, OutputBuilder};
 use crate::placement::{FailedOn, Placement, PlacementKey};
 use crate::stats::SpecStats;
 use crate::validate::ValidGenerateRequest;
@@ -159,12 +159,14 @@ impl DecodeLoop {
     ) -> Result<Summary, GatewayError> {
         let mut progress = Progress {
             output: {
-                let b = OutputBuilder::new(&self.tokenizer, request.stop.clone());
+                let mut b = OutputBuilder::new(&self.tokenizer, request.stop.clone());
                 if request.logprobs.is_some() {
-                    b.with_logprobs(&self.tokenizer)
-                } else {
-                    b
+                    b = b.with_logprobs(&self.tokenizer);
                 }
+                if let Some(tools) = &request.tools {
+                    b = b.with_calls(Calls::new(tools, &self.tokenizer));
+                }
+                b
             },
             stats: SpecStats::default(),
             first_token_at: None,
@@ -421,6 +423,14 @@ impl Progress {
         last.text.push_str(&rest.text);
         last.token_ids.extend(rest.token_ids);
         last.logprobs.extend(rest.logprobs);
+        last.tool_calls.extend(rest.tool_calls);
+        // A turn that ended after its calls ended with them.
+        let reason = match reason {
+            FinishReason::Eos | FinishReason::Stop if self.output.called() => {
+                FinishReason::ToolCalls
+            }
+            r => r,
+        };
         Summary {
             last,
             finish_reason: reason,

@@ -440,12 +440,20 @@ async fn respond(
             Ok(g) => {
                 let finish = openai::finish_reason(g.summary.finish_reason.into());
                 let lp = openai::choice_logprobs(&g.logprobs, kind.is_chat(), logprobs, 0);
+                let mut choice = kind.choice(false, &g.text, finish, lp);
+                if !g.tool_calls.is_empty() {
+                    let message = &mut choice["message"];
+                    message["tool_calls"] = openai::tools::message_calls(&g.tool_calls);
+                    if g.text.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                }
                 axum::Json(json!({
                     "id": kind.id(&request_id),
                     "object": kind.object(false),
                     "created": now(),
                     "model": model,
-                    "choices": [kind.choice(false, &g.text, finish, lp)],
+                    "choices": [choice],
                     "usage": openai::Usage::from(g.summary.usage),
                     "metrics": openai::vllm_metrics(&g.summary.speculation),
                     "specmesh": openai::Speculation::from(g.summary.speculation),
@@ -500,17 +508,41 @@ fn sse(
         }
         // Text sent so far: the legacy logprobs' `text_offset`.
         let mut sent = 0;
+        // Tool calls sent so far: the next one's `index`.
+        let mut calls = 0;
+        let call_frames = |d: &crate::output::Delta, calls: &mut usize| {
+            let deltas = openai::tools::call_deltas(&d.tool_calls, *calls);
+            *calls += d.tool_calls.len();
+            deltas
+                .into_iter()
+                .map(|delta| {
+                    let choice = json!({"index": 0, "delta": delta, "finish_reason": null,
+                                        "logprobs": null});
+                    frame(vec![choice], None, None)
+                })
+                .collect::<Vec<_>>()
+        };
         while let Some(event) = events.recv().await {
             let frames = match event {
-                Ok(Event::Delta(d)) if d.text.is_empty() && d.logprobs.is_empty() => continue,
+                Ok(Event::Delta(d))
+                    if d.text.is_empty() && d.logprobs.is_empty() && d.tool_calls.is_empty() =>
+                {
+                    continue;
+                }
                 Ok(Event::Delta(d)) => {
-                    let lp = openai::choice_logprobs(&d.logprobs, kind.is_chat(), logprobs, sent);
-                    sent += d.text.len();
-                    vec![frame(
-                        vec![kind.choice(true, &d.text, None, lp)],
-                        None,
-                        None,
-                    )]
+                    let mut frames = Vec::new();
+                    if !d.text.is_empty() || !d.logprobs.is_empty() {
+                        let lp =
+                            openai::choice_logprobs(&d.logprobs, kind.is_chat(), logprobs, sent);
+                        sent += d.text.len();
+                        frames.push(frame(
+                            vec![kind.choice(true, &d.text, None, lp)],
+                            None,
+                            None,
+                        ));
+                    }
+                    frames.extend(call_frames(&d, &mut calls));
+                    frames
                 }
                 Ok(Event::Done(summary)) => {
                     let finish = openai::finish_reason(summary.finish_reason.into());
@@ -521,11 +553,30 @@ fn sse(
                         sent,
                     );
                     let spec = summary.speculation;
-                    let mut frames = vec![frame(
-                        vec![kind.choice(true, &summary.last.text, finish, lp)],
-                        None,
-                        Some(&spec),
-                    )];
+                    let mut frames = Vec::new();
+                    if summary.last.tool_calls.is_empty() {
+                        frames.push(frame(
+                            vec![kind.choice(true, &summary.last.text, finish, lp)],
+                            None,
+                            Some(&spec),
+                        ));
+                    } else {
+                        // Text, then the calls, then the finish reason.
+                        if !summary.last.text.is_empty() || !summary.last.logprobs.is_empty() {
+                            frames.push(frame(
+                                vec![kind.choice(true, &summary.last.text, None, lp)],
+                                None,
+                                None,
+                            ));
+                        }
+                        frames.extend(call_frames(&summary.last, &mut calls));
+                        frames.push(frame(
+                            vec![json!({"index": 0, "delta": {}, "finish_reason": finish,
+                                        "logprobs": null})],
+                            None,
+                            Some(&spec),
+                        ));
+                    }
                     if include_usage {
                         frames.push(frame(Vec::new(), Some(summary.usage.into()), Some(&spec)));
                     }

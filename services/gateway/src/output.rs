@@ -13,10 +13,14 @@
 //! (`"x"`) but is not listed, nor is any later token. So `decode(token_ids)`
 //! is always a prefix of `text`, and differs from it by less than one token.
 
-use specmesh_proto::v1::TokenLogprob;
+use specmesh_proto::v1::{TokenLogprob, ToolCall};
 use specmesh_tokenizer::{IncrementalDecoder, Tokenizer, TokenizerError};
 
 use crate::stop::{Scan, StopMatcher};
+
+mod calls;
+
+pub use calls::Calls;
 
 /// Text and tokens released since the previous delta.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -25,11 +29,14 @@ pub struct Delta {
     pub token_ids: Vec<u32>,
     /// With logprobs asked: one per token id, with its text.
     pub logprobs: Vec<TokenLogprob>,
+    /// With tools offered: the calls completed (their text is not in
+    /// `text`).
+    pub tool_calls: Vec<ToolCall>,
 }
 
 impl Delta {
     pub fn is_empty(&self) -> bool {
-        self.text.is_empty() && self.token_ids.is_empty()
+        self.text.is_empty() && self.token_ids.is_empty() && self.tool_calls.is_empty()
     }
 }
 
@@ -54,6 +61,8 @@ pub struct OutputBuilder {
     /// Tokens released to the caller.
     reported: usize,
     stopped: bool,
+    /// With tools offered: splits the released text into content and calls.
+    calls: Option<Calls>,
 }
 
 impl OutputBuilder {
@@ -68,7 +77,19 @@ impl OutputBuilder {
             released: 0,
             reported: 0,
             stopped: false,
+            calls: None,
         }
+    }
+
+    /// Parses tool calls out of the text.
+    pub fn with_calls(mut self, calls: Calls) -> Self {
+        self.calls = Some(calls);
+        self
+    }
+
+    /// Whether the output made tool calls.
+    pub fn called(&self) -> bool {
+        self.calls.as_ref().is_some_and(|c| c.made() > 0)
     }
 
     /// Reports each token's log-probability (given with [`Self::push`]).
@@ -138,7 +159,11 @@ impl OutputBuilder {
             self.released += tail.len();
             text.push_str(&tail);
         }
-        self.release(text)
+        let mut delta = self.release(text);
+        if let Some(calls) = self.calls.as_mut() {
+            calls.finish(&mut delta.text, &mut delta.tool_calls);
+        }
+        delta
     }
 
     /// Records the text end of every token whose bytes are all decoded.
@@ -174,6 +199,14 @@ impl OutputBuilder {
         {
             self.reported += 1;
         }
+        let (text, tool_calls) = match self.calls.as_mut() {
+            None => (text, Vec::new()),
+            Some(calls) => {
+                let (mut content, mut made) = (String::new(), Vec::new());
+                calls.push(&text, &mut content, &mut made);
+                (content, made)
+            }
+        };
         Delta {
             text,
             token_ids: self.committed[start..self.reported].to_vec(),
@@ -182,6 +215,7 @@ impl OutputBuilder {
                 .as_ref()
                 .map(|(_, l)| l[start..self.reported].to_vec())
                 .unwrap_or_default(),
+            tool_calls,
         }
     }
 }

@@ -170,6 +170,7 @@ impl Generation for GenerationService {
                             text: delta.text,
                             token_ids: delta.token_ids,
                             logprobs: delta.logprobs,
+                            tool_calls: delta.tool_calls,
                             token_offset: offset,
                             ..Default::default()
                         };
@@ -195,6 +196,7 @@ fn response(generated: Generated, ctx: &RequestContext) -> GenerateResponse {
         text,
         token_ids,
         logprobs,
+        tool_calls,
         summary,
     } = generated;
     let total = ctx.arrived.elapsed().as_secs_f64();
@@ -210,6 +212,7 @@ fn response(generated: Generated, ctx: &RequestContext) -> GenerateResponse {
             .map_or(total, |t| t.as_secs_f64()),
         total_seconds: total,
         logprobs,
+        tool_calls,
     }
 }
 
@@ -224,6 +227,7 @@ fn last_chunk(summary: Summary, offset: u32) -> GenerateChunk {
         speculation: Some(summary.speculation),
         token_offset: offset,
         logprobs: summary.last.logprobs,
+        tool_calls: summary.last.tool_calls,
     }
 }
 

@@ -104,6 +104,8 @@ pub struct Generated {
     pub token_ids: Vec<u32>,
     /// With logprobs asked: one per token id.
     pub logprobs: Vec<specmesh_proto::v1::TokenLogprob>,
+    /// With tools offered: the calls the model made.
+    pub tool_calls: Vec<specmesh_proto::v1::ToolCall>,
     pub summary: Summary,
 }
 
@@ -409,21 +411,25 @@ impl State {
     ) -> Result<Generated, GatewayError> {
         let mut events = self.generate_stream(admitted, ctx, span);
         let (mut text, mut token_ids, mut logprobs) = (String::new(), Vec::new(), Vec::new());
+        let mut tool_calls = Vec::new();
         while let Some(event) = events.recv().await {
             match event? {
                 Event::Delta(d) => {
                     text.push_str(&d.text);
                     token_ids.extend(d.token_ids);
                     logprobs.extend(d.logprobs);
+                    tool_calls.extend(d.tool_calls);
                 }
                 Event::Done(summary) => {
                     text.push_str(&summary.last.text);
                     token_ids.extend_from_slice(&summary.last.token_ids);
                     logprobs.extend_from_slice(&summary.last.logprobs);
+                    tool_calls.extend_from_slice(&summary.last.tool_calls);
                     return Ok(Generated {
                         text,
                         token_ids,
                         logprobs,
+                        tool_calls,
                         summary,
                     });
                 }

@@ -17,6 +17,13 @@ use specmesh_tokenizer::{ChatMessage, Tokenizer, TokenizerError};
 
 use crate::auth::{AuthError, Caller};
 
+mod tools;
+
+#[cfg(test)]
+pub(crate) use tools::SchemaCompiler;
+use tools::ToolRequest;
+pub use tools::{ToolError, ValidTools};
+
 /// Most stop strings a request may carry.
 pub const MAX_STOP_STRINGS: usize = 8;
 /// Longest stop string, in bytes.
@@ -25,7 +32,7 @@ pub const MAX_STOP_BYTES: usize = 256;
 /// every hop.
 pub use specmesh_proto::limits::MAX_ID_BYTES;
 /// Chat roles the templates of the supported models understand.
-const ROLES: [&str; 3] = ["system", "user", "assistant"];
+const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 
 /// Bounds a request is validated against.
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +81,8 @@ pub struct ValidGenerateRequest {
     pub min_new_tokens: u32,
     /// The end-of-sequence token does not end the output.
     pub ignore_eos: bool,
+    /// With tools offered: how the output is parsed into calls.
+    pub tools: Option<ValidTools>,
 }
 
 impl ValidGenerateRequest {
@@ -119,7 +128,7 @@ pub enum ValidationError {
     #[error("`chat.messages` must hold at least one message")]
     EmptyChat,
     #[error(
-        "`chat.messages[{index}].role` must be \"system\", \"user\" or \"assistant\", got {role:?}"
+        "`chat.messages[{index}].role` must be \"system\", \"user\", \"assistant\" or \"tool\", got {role:?}"
     )]
     UnknownRole { index: usize, role: String },
     #[error("`chat` needs a chat template and the model has none: send `prompt` instead")]
@@ -159,6 +168,9 @@ pub enum ValidationError {
     /// `structured` could not be compiled, or is too large.
     #[error("`structured`: {0}")]
     Structured(#[source] GrammarError),
+    /// `chat.tools`, `chat.tool_choice` or a history's tool calls.
+    #[error("{0}")]
+    Tools(#[from] ToolError),
     #[error(
         "`speculation.mode` must be 0 (unspecified), 1 (off), 2 (model-free), 3 (draft model) or 4 (combined), got {0}"
     )]
@@ -223,6 +235,7 @@ impl ValidationError {
             Self::EndWithoutSession => "session_id",
             Self::Field(f) => f.field.as_str(),
             Self::Structured(_) => "structured",
+            Self::Tools(t) => t.field(),
             Self::SpeculationMode(_) => "speculation.mode",
             Self::MaxDraftTokens { .. } => "speculation.max_draft_tokens",
             Self::TooManyStops { .. } | Self::EmptyStop { .. } | Self::StopTooLong { .. } => "stop",
@@ -241,12 +254,17 @@ pub struct Validator {
     /// Compiles `structured` constraints; `None` when the vocabulary
     /// cannot serve them (it names no end-of-sequence token).
     grammars: Option<Arc<Grammars>>,
+    /// The chat template reads `tools`.
+    declares_tools: bool,
+    /// The tool-call format the chat template shows.
+    tool_family: Option<&'static specmesh_toolcall::Family>,
 }
 
 /// The input before tokenization.
 enum Text {
     Prompt(String),
-    Chat(Vec<ChatMessage>),
+    /// Messages, and the tools the template is given (OpenAI's shape).
+    Chat(Vec<ChatMessage>, Vec<serde_json::Value>),
 }
 
 impl Validator {
@@ -260,6 +278,10 @@ impl Validator {
                 }
             };
         Validator {
+            declares_tools: tokenizer.template_declares_tools(),
+            tool_family: tokenizer
+                .chat_template()
+                .and_then(specmesh_toolcall::family_of),
             tokenizer,
             limits,
             grammars,
@@ -282,7 +304,7 @@ impl Validator {
         request: v1::GenerateRequest,
         caller: &Caller,
     ) -> Result<ValidGenerateRequest, ValidationError> {
-        let text = input(request.input)?;
+        let (text, tool_request) = input(request.input)?;
         let sampling = self.sampling(request.sampling.unwrap_or_default())?;
         let speculation = self.speculation(request.speculation.unwrap_or_default())?;
         let stop = stop_strings(request.stop)?;
@@ -295,6 +317,16 @@ impl Validator {
         let requested = self.requested_new_tokens(request.max_new_tokens)?;
         let logprobs = specmesh_proto::logprobs_from_wire(request.logprobs, request.top_logprobs)?;
         let structured = specmesh_proto::structured_from_wire(request.structured);
+        let (tools, forced) = match tool_request {
+            Some(t) => t.resolve(
+                self.declares_tools,
+                self.tool_family,
+                structured.as_ref(),
+                self.grammars.as_ref(),
+            )?,
+            None => (None, None),
+        };
+        let structured = structured.or(forced);
         let grammars = match (&structured, &self.grammars) {
             (None, _) => None,
             (Some(_), Some(g)) => Some(Arc::clone(g)),
@@ -354,6 +386,7 @@ impl Validator {
             logprobs,
             min_new_tokens: request.min_new_tokens,
             ignore_eos: request.ignore_eos,
+            tools,
         })
     }
 
@@ -427,14 +460,16 @@ impl Validator {
     }
 }
 
-fn input(input: Option<Input>) -> Result<Text, ValidationError> {
+/// The input, and a chat's tools.
+fn input(input: Option<Input>) -> Result<(Text, Option<ToolRequest>), ValidationError> {
     // A oneof cannot hold both: protobuf keeps the last one on the wire.
     match input {
         None => Err(ValidationError::MissingInput),
         Some(Input::Prompt(p)) if p.is_empty() => Err(ValidationError::EmptyPrompt),
-        Some(Input::Prompt(p)) => Ok(Text::Prompt(p)),
+        Some(Input::Prompt(p)) => Ok((Text::Prompt(p), None)),
         Some(Input::Chat(chat)) if chat.messages.is_empty() => Err(ValidationError::EmptyChat),
-        Some(Input::Chat(chat)) => {
+        Some(Input::Chat(mut chat)) => {
+            let tools = ToolRequest::from_wire(&mut chat)?;
             let mut messages = Vec::with_capacity(chat.messages.len());
             for (index, m) in chat.messages.into_iter().enumerate() {
                 if !ROLES.contains(&m.role.as_str()) {
@@ -443,9 +478,9 @@ fn input(input: Option<Input>) -> Result<Text, ValidationError> {
                         role: m.role,
                     });
                 }
-                messages.push(ChatMessage::new(m.role, m.content));
+                messages.push(tools::message(index, m)?);
             }
-            Ok(Text::Chat(messages))
+            Ok((Text::Chat(messages, tools.template_tools()), Some(tools)))
         }
     }
 }
@@ -494,12 +529,12 @@ fn identifier(field: &'static str, value: String) -> Result<Option<String>, Vali
 fn tokenize(tokenizer: &Tokenizer, text: Text) -> Result<Vec<u32>, ValidationError> {
     let rendered = match text {
         Text::Prompt(p) => p,
-        Text::Chat(messages) => {
+        Text::Chat(messages, tools) => {
             if !tokenizer.has_chat_template() {
                 return Err(ValidationError::NoChatTemplate);
             }
             tokenizer
-                .apply_chat_template(&messages, true)
+                .apply_chat_template_with_tools(&messages, &tools, true)
                 .map_err(|e| match e {
                     TokenizerError::Template(m) => ValidationError::ChatTemplate(m),
                     other => ValidationError::Tokenizer(other),

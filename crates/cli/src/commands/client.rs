@@ -56,7 +56,9 @@ async fn generate(connection: &Connection, ask: Ask) -> Result<()> {
             messages: vec![v1::ChatMessage {
                 role: "user".into(),
                 content: ask.prompt.clone(),
+                ..Default::default()
             }],
+            ..Default::default()
         })
     } else {
         v1::generate_request::Input::Prompt(ask.prompt.clone())

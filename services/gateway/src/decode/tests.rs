@@ -44,6 +44,7 @@ fn request(max_new_tokens: u32, stop: &[&str]) -> ValidGenerateRequest {
         logprobs: None,
         min_new_tokens: 0,
         ignore_eos: false,
+        tools: None,
     }
 }
 

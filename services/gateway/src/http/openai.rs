@@ -3,14 +3,19 @@
 //!
 //! A parameter we do not implement is refused by name (400) rather than
 //! ignored, unless it is sent with the value that means "off" (`n: 1`,
-//! `logprobs: false`, a zero penalty, no tools): a caller must not believe it
-//! got what it asked for. Two extension parameters carry what the gRPC API
+//! `echo: false`, a zero penalty, no `functions`): a caller must not
+//! believe it got what it asked for. Two extension parameters carry what the gRPC API
 //! has and OpenAI's lacks: `speculation` (the `SpeculationMode`, by name)
 //! and `tenant` (the scope of the drafter's cross-session index).
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 use specmesh_proto::v1;
+
+mod response;
+pub mod tools;
+
+pub use response::{Speculation, Usage, choice_logprobs, finish_reason, vllm_metrics};
 
 /// A request the front refuses: 400 with OpenAI's error shape, naming the
 /// parameter.
@@ -51,6 +56,14 @@ pub struct Message {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant's calls.
+    #[serde(default)]
+    pub tool_calls: Option<Value>,
+    /// A tool message: the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -108,6 +121,9 @@ pub struct Common {
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
     pub messages: Vec<Message>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<Value>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -139,7 +155,7 @@ fn unsupported(rest: &Map<String, Value>) -> Result<(), BadRequest> {
     for (key, value) in rest {
         let off = match key.as_str() {
             "n" | "best_of" => value.is_null() || value == &Value::from(1),
-            "echo" | "parallel_tool_calls" => value.is_null() || value == &Value::Bool(false),
+            "echo" => value.is_null() || value == &Value::Bool(false),
             "presence_penalty" | "frequency_penalty" => {
                 value.is_null() || value.as_f64() == Some(0.0)
             }
@@ -148,7 +164,9 @@ fn unsupported(rest: &Map<String, Value>) -> Result<(), BadRequest> {
                     || value.as_array().is_some_and(Vec::is_empty)
                     || value.as_object().is_some_and(Map::is_empty)
             }
+            // Completions have no tools; chat's are its own fields.
             "tool_choice" | "function_call" => value.is_null() || value == "none",
+            "parallel_tool_calls" => value.is_null() || value.is_boolean(),
             "suffix" => value.is_null(),
             // Labels: nothing to do.
             "metadata" | "store" | "service_tier" => true,
@@ -398,12 +416,12 @@ impl ChatRequest {
             // OpenAI's newer name for the system role.
             let role = match m.role.as_str() {
                 "developer" => "system",
-                r @ ("system" | "user" | "assistant") => r,
+                r @ ("system" | "user" | "assistant" | "tool") => r,
                 other => {
                     return Err(BadRequest::new(
                         &format!("messages[{i}].role"),
                         format!(
-                            "must be \"system\", \"developer\", \"user\" or \"assistant\", got {other:?}"
+                            "must be \"system\", \"developer\", \"user\", \"assistant\" or \"tool\", got {other:?}"
                         ),
                     ));
                 }
@@ -415,12 +433,19 @@ impl ChatRequest {
             messages.push(v1::ChatMessage {
                 role: role.to_owned(),
                 content,
+                tool_calls: tools::history_calls(m.tool_calls.as_ref(), i)?,
+                tool_call_id: m.tool_call_id.clone().unwrap_or_default(),
+                name: m.name.clone().unwrap_or_default(),
             });
         }
-        self.common.to_wire(
-            v1::generate_request::Input::Chat(v1::Chat { messages }),
-            true,
-        )
+        let chat = v1::Chat {
+            messages,
+            tools: tools::tools(self.tools.as_ref())?,
+            tool_choice: tools::tool_choice(self.tool_choice.as_ref())?,
+            parallel_tool_calls: tools::parallel(self.parallel_tool_calls.as_ref())?,
+        };
+        self.common
+            .to_wire(v1::generate_request::Input::Chat(chat), true)
     }
 }
 
@@ -453,6 +478,8 @@ pub fn param(field: &str, chat: bool) -> Option<String> {
         "max_new_tokens" => "max_tokens",
         "prediction" | "stop" | "tenant" | "top_logprobs" => field,
         "structured" => "response_format",
+        "chat.tools" => "tools",
+        "chat.tool_choice" => "tool_choice",
         "min_new_tokens" => "min_tokens",
         "speculation.mode" | "speculation.max_draft_tokens" => "speculation",
         f => match f.strip_prefix("sampling.")? {
@@ -461,134 +488,6 @@ pub fn param(field: &str, chat: bool) -> Option<String> {
         },
     };
     Some(name.to_owned())
-}
-
-/// OpenAI's finish reasons: an EOS and a stop string are both `stop`.
-pub fn finish_reason(reason: i32) -> Option<&'static str> {
-    match v1::FinishReason::try_from(reason).ok()? {
-        v1::FinishReason::Length => Some("length"),
-        v1::FinishReason::Eos | v1::FinishReason::Stop => Some("stop"),
-        _ => None,
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct CompletionTokensDetails {
-    pub accepted_prediction_tokens: u32,
-    pub rejected_prediction_tokens: u32,
-}
-
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct PromptTokensDetails {
-    /// Prompt tokens whose KV cache was reused, not computed.
-    pub cached_tokens: u32,
-}
-
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct Usage {
-    pub prompt_tokens: u32,
-    pub completion_tokens: u32,
-    pub total_tokens: u32,
-    pub prompt_tokens_details: PromptTokensDetails,
-    pub completion_tokens_details: CompletionTokensDetails,
-}
-
-impl From<v1::Usage> for Usage {
-    fn from(u: v1::Usage) -> Usage {
-        Usage {
-            prompt_tokens: u.prompt_tokens,
-            completion_tokens: u.completion_tokens,
-            total_tokens: u.prompt_tokens.saturating_add(u.completion_tokens),
-            prompt_tokens_details: PromptTokensDetails {
-                cached_tokens: u.cached_tokens,
-            },
-            completion_tokens_details: CompletionTokensDetails {
-                accepted_prediction_tokens: u.accepted_prediction_tokens,
-                rejected_prediction_tokens: u.rejected_prediction_tokens,
-            },
-        }
-    }
-}
-
-/// Our extension field `specmesh`: how speculation went.
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct Speculation {
-    pub verify_steps: u32,
-    pub drafted_tokens: u32,
-    pub accepted_tokens: u32,
-    pub mean_accepted_per_step: f64,
-    /// Tokens accepted from what `response_format` forced.
-    pub forced_tokens: u32,
-}
-
-impl From<v1::SpeculationStats> for Speculation {
-    fn from(s: v1::SpeculationStats) -> Speculation {
-        Speculation {
-            verify_steps: s.verify_steps,
-            drafted_tokens: s.drafted_tokens,
-            accepted_tokens: s.accepted_tokens,
-            mean_accepted_per_step: s.mean_accepted_per_step,
-            forced_tokens: s.forced_tokens,
-        }
-    }
-}
-
-/// vLLM's per-request speculation statistics, `metrics.speculative_decoding`,
-/// which benchmark clients read from a response (and a stream's usage
-/// chunk).
-pub fn vllm_metrics(s: &v1::SpeculationStats) -> Value {
-    let rate = if s.drafted_tokens == 0 {
-        0.0
-    } else {
-        f64::from(s.accepted_tokens) / f64::from(s.drafted_tokens)
-    };
-    serde_json::json!({"speculative_decoding": {
-        "num_drafts": s.verify_steps,
-        "num_draft_tokens": s.drafted_tokens,
-        "num_accepted_draft_tokens": s.accepted_tokens,
-        "mean_acceptance_length": s.mean_accepted_per_step,
-        "acceptance_rate": rate,
-        "num_forced_tokens": s.forced_tokens,
-    }})
-}
-
-/// A choice's `logprobs`: chat's `{"content": [...]}`, or completions'
-/// legacy `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`
-/// (`offset`: the text's length before these tokens). `null` when none
-/// were asked.
-pub fn choice_logprobs(l: &[v1::TokenLogprob], chat: bool, asked: bool, offset: usize) -> Value {
-    if !asked {
-        return Value::Null;
-    }
-    let bytes = |t: &v1::TokenLogprob| t.token.as_bytes().to_vec();
-    if chat {
-        let content: Vec<Value> = l
-            .iter()
-            .map(|t| {
-                serde_json::json!({
-                    "token": t.token, "logprob": t.logprob, "bytes": bytes(t),
-                    "top_logprobs": t.top_logprobs.iter().map(|a| serde_json::json!({
-                        "token": a.token, "logprob": a.logprob, "bytes": bytes(a),
-                    })).collect::<Vec<_>>(),
-                })
-            })
-            .collect();
-        return serde_json::json!({"content": content, "refusal": null});
-    }
-    let mut at = offset;
-    let mut text_offset = Vec::with_capacity(l.len());
-    for t in l {
-        text_offset.push(at);
-        at += t.token.len();
-    }
-    serde_json::json!({
-        "tokens": l.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
-        "token_logprobs": l.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-        "top_logprobs": l.iter().map(|t| t.top_logprobs.iter()
-            .map(|a| (a.token.clone(), Value::from(a.logprob)))
-            .collect::<Map<String, Value>>()).collect::<Vec<_>>(),
-        "text_offset": text_offset,
-    })
 }
 
 #[cfg(test)]

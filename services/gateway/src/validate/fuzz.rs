@@ -33,12 +33,18 @@ fn any_request() -> impl Strategy<Value = GenerateRequest> {
         ],
         any_text(),
     )
-        .prop_map(|(role, content)| v1::ChatMessage { role, content });
+        .prop_map(|(role, content)| v1::ChatMessage {
+            role,
+            content,
+            ..Default::default()
+        });
     let input = prop_oneof![
         Just(None),
         any_text().prop_map(|p| Some(Input::Prompt(p))),
-        prop::collection::vec(message, 0..4)
-            .prop_map(|messages| Some(Input::Chat(v1::Chat { messages }))),
+        prop::collection::vec(message, 0..4).prop_map(|messages| Some(Input::Chat(v1::Chat {
+            messages,
+            ..Default::default()
+        }))),
     ];
     let speculation =
         (any::<i32>(), any::<u32>()).prop_map(|(mode, max_draft_tokens)| v1::SpeculationParams {

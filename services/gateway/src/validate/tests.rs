@@ -36,8 +36,10 @@ fn chat(messages: &[(&str, &str)]) -> GenerateRequest {
                 .map(|(role, content)| WireMessage {
                     role: (*role).to_owned(),
                     content: (*content).to_owned(),
+                    ..Default::default()
                 })
                 .collect(),
+            ..Default::default()
         })),
         ..Default::default()
     }
@@ -122,9 +124,106 @@ async fn the_input_must_be_present_and_non_empty() {
         "`chat.messages` must hold at least one message"
     );
     assert_eq!(
-        refused(chat(&[("user", "hi"), ("tool", "{}")])).await,
-        "`chat.messages[1].role` must be \"system\", \"user\" or \"assistant\", got \"tool\""
+        refused(chat(&[("user", "hi"), ("function", "{}")])).await,
+        "`chat.messages[1].role` must be \"system\", \"user\", \"assistant\" or \"tool\", got \"function\""
     );
+}
+
+/// A chat offering `tools` with `choice`.
+fn with_tools(tools: Vec<v1::Tool>, choice: Option<v1::tool_choice::Choice>) -> GenerateRequest {
+    let mut r = chat(&[("user", "hi")]);
+    let Some(Input::Chat(c)) = r.input.as_mut() else {
+        unreachable!()
+    };
+    c.tools = tools;
+    c.tool_choice = choice.map(|choice| v1::ToolChoice {
+        choice: Some(choice),
+    });
+    r
+}
+
+fn tool(name: &str, parameters: &str) -> v1::Tool {
+    v1::Tool {
+        name: name.into(),
+        description: String::new(),
+        parameters: parameters.into(),
+    }
+}
+
+#[tokio::test]
+async fn tools_are_checked_then_refused_by_a_template_that_declares_none() {
+    use v1::tool_choice::Choice;
+    let cases = [
+        (
+            with_tools(vec![tool("a b", "")], None),
+            "`tools[0].name` must be 1 to 64",
+        ),
+        (
+            with_tools(vec![tool("f", ""), tool("f", "")], None),
+            "`tools[1].name` \"f\" is offered twice",
+        ),
+        (
+            with_tools(vec![tool("f", "[1]")], None),
+            "`tools[0].parameters` must be a JSON schema object: got an array",
+        ),
+        (
+            with_tools(vec![tool("f", "")], Some(Choice::Function("g".into()))),
+            "`tool_choice` names \"g\", which is not among the tools",
+        ),
+        (
+            with_tools(
+                Vec::new(),
+                Some(Choice::Mode(v1::ToolChoiceMode::Required as i32)),
+            ),
+            "`tool_choice` asks for a call but no tools are offered",
+        ),
+        (
+            with_tools(vec![tool("f", "")], Some(Choice::Mode(9))),
+            "`tool_choice` must be 0 (auto), 1 (none) or 2 (required), got 9",
+        ),
+        // The test model's template reads no `tools`.
+        (
+            with_tools(vec![tool("f", "")], None),
+            "the model's chat template declares no tools",
+        ),
+    ];
+    for (request, expected) in cases {
+        let err = refused(request).await;
+        assert!(err.starts_with(expected), "{err}");
+    }
+    // `none` hides them: nothing to refuse.
+    let hidden = with_tools(
+        vec![tool("f", "")],
+        Some(Choice::Mode(v1::ToolChoiceMode::None as i32)),
+    );
+    let valid = validator()
+        .validate(hidden, &Caller::keyless())
+        .await
+        .unwrap();
+    assert_eq!(valid.tools, None);
+}
+
+#[tokio::test]
+async fn history_calls_need_an_assistant_and_json_object_arguments() {
+    let mut r = chat(&[("user", "hi"), ("assistant", ""), ("tool", "42")]);
+    let Some(Input::Chat(c)) = r.input.as_mut() else {
+        unreachable!()
+    };
+    c.messages[1].tool_calls = vec![v1::ToolCall {
+        id: "call_1".into(),
+        name: "f".into(),
+        arguments: "not json".into(),
+    }];
+    let mut user_calls = r.clone();
+    assert_eq!(
+        refused(r).await,
+        "`messages[1].tool_calls[0].arguments` must be a JSON object, got \"not json\""
+    );
+    let Some(Input::Chat(c)) = user_calls.input.as_mut() else {
+        unreachable!()
+    };
+    c.messages[1].role = "user".into();
+    assert!(refused(user_calls).await.contains("are an assistant's"));
 }
 
 #[tokio::test]

@@ -60,7 +60,12 @@ fn unsupported_parameters_are_refused_by_name() {
         ),
         (
             serde_json::json!({"tools": [{"type": "function"}]}),
-            "tools",
+            "tools[0].function",
+        ),
+        (serde_json::json!({"tool_choice": "always"}), "tool_choice"),
+        (
+            serde_json::json!({"functions": [{"name": "f"}]}),
+            "functions",
         ),
         (
             serde_json::json!({"frequency_penalty": 0.5}),
@@ -80,8 +85,9 @@ fn unsupported_parameters_are_refused_by_name() {
         let e = base(extra.clone()).unwrap_err();
         assert_eq!(e.param.as_deref(), Some(param), "{extra}: {e}");
     }
-    let e = chat(serde_json::json!({"model": "m", "messages": [{"role": "tool", "content": "x"}]}))
-        .unwrap_err();
+    let e =
+        chat(serde_json::json!({"model": "m", "messages": [{"role": "function", "content": "x"}]}))
+            .unwrap_err();
     assert_eq!(e.param.as_deref(), Some("messages[0].role"));
     assert!(e.message.contains("\"tool\""), "{e}");
 }
@@ -208,4 +214,44 @@ fn response_formats_and_logprobs_become_the_grpc_fields() {
             .unwrap();
     let w = r.to_wire().unwrap();
     assert_eq!((w.logprobs, w.top_logprobs), (true, 3));
+}
+
+#[test]
+fn a_tool_round_trip_becomes_the_chat_s_tools_and_history() {
+    let r = chat(serde_json::json!({
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "22 C"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "get_weather",
+                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": false,
+    }))
+    .unwrap();
+    let Some(v1::generate_request::Input::Chat(c)) = r.input else {
+        panic!("a chat")
+    };
+    assert_eq!(c.tools[0].name, "get_weather");
+    assert_eq!(c.parallel_tool_calls, Some(false));
+    assert_eq!(
+        c.tool_choice.unwrap().choice,
+        Some(v1::tool_choice::Choice::Function("get_weather".into()))
+    );
+    assert_eq!(
+        c.messages[1].tool_calls[0].arguments,
+        "{\"city\": \"Paris\"}"
+    );
+    assert_eq!(c.messages[1].content, "");
+    assert_eq!(
+        (
+            c.messages[2].role.as_str(),
+            c.messages[2].tool_call_id.as_str()
+        ),
+        ("tool", "call_1")
+    );
 }
