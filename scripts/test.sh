@@ -18,6 +18,9 @@ cargo build --release --locked --workspace --bins
 SPECMESH_MODEL="$(./target/release/specmesh model fetch | tail -n1)"
 export SPECMESH_MODEL
 SPECMESH_TEST_PYTHON="$(scripts/python-env.sh)"
+# NVIDIA AIPerf, the benchmark client run against the OpenAI front.
+SPECMESH_AIPERF_PYTHON="$(scripts/python-env.sh aiperf)"
+export SPECMESH_AIPERF_PYTHON
 # Debian's prometheus, promtool and dnsmasq, for the metrics, deployment
 # and DNS membership tests.
 scripts/tools.sh

@@ -96,7 +96,7 @@ async fn sampling_follows_the_target(extra: &[(&str, &str)]) {
                     Some(known) => &known[seed as usize],
                     None => &b[i].token_ids,
                 };
-                let s = a.speculation.unwrap_or_default();
+                let s = a.speculation.clone().unwrap_or_default();
                 drafted += u64::from(s.drafted_tokens);
                 accepted += u64::from(s.accepted_tokens);
                 differ += usize::from(a.token_ids != *b);
@@ -167,7 +167,7 @@ async fn draft_model_sampling_under_a_grammar_follows_the_masked_target() {
         let answers = generate_all(&mesh.gateway, speculated.chain(plain).collect()).await;
         let (a, b) = answers.split_at(wave.len());
         for (a, b) in a.iter().zip(b) {
-            let s = a.speculation.unwrap_or_default();
+            let s = a.speculation.clone().unwrap_or_default();
             drafted += u64::from(s.drafted_tokens);
             accepted += u64::from(s.accepted_tokens);
             differ += usize::from(a.token_ids != b.token_ids);

@@ -104,7 +104,7 @@ fn check_trace(trace: &[Span], request_id: &str, response: &v1::GenerateResponse
         .iter()
         .filter(|s| s.is(VERIFIER, "verify_step"))
         .collect();
-    let stats = response.speculation.unwrap_or_default();
+    let stats = response.speculation.clone().unwrap_or_default();
     assert_eq!(
         steps.len(),
         stats.verify_steps as usize,

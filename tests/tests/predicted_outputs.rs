@@ -64,8 +64,8 @@ async fn a_prediction_changes_no_output_and_is_accepted_where_it_holds() {
         assert_eq!(r.token_ids, plain.token_ids);
         assert_eq!(r.text, plain.text);
     }
-    let accepted = |r: &v1::GenerateResponse| r.speculation.unwrap().accepted_tokens;
-    let steps = |r: &v1::GenerateResponse| r.speculation.unwrap().verify_steps;
+    let accepted = |r: &v1::GenerateResponse| r.speculation.as_ref().unwrap().accepted_tokens;
+    let steps = |r: &v1::GenerateResponse| r.speculation.as_ref().unwrap().verify_steps;
     let usage = |r: &v1::GenerateResponse| r.usage.unwrap();
     println!(
         "{} tokens; accepted / steps: none {}/{}, exact {}/{}, edited {}/{}; \

@@ -14,6 +14,7 @@
 mod chat;
 mod decoder;
 mod error;
+mod export;
 mod gguf;
 mod hf;
 mod pieces;
@@ -25,6 +26,7 @@ use std::sync::Arc;
 
 pub use decoder::IncrementalDecoder;
 pub use error::TokenizerError;
+pub use export::HuggingFaceFiles;
 
 /// One chat turn, as passed to a chat template (`messages` in Jinja), in
 /// the shape Hugging Face's `apply_chat_template` is given: the optional

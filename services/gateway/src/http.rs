@@ -456,7 +456,7 @@ async fn respond(
                     "choices": [choice],
                     "usage": openai::Usage::from(g.summary.usage),
                     "metrics": openai::vllm_metrics(&g.summary.speculation),
-                    "specmesh": openai::Speculation::from(g.summary.speculation),
+                    "specmesh": openai::Speculation::from(&g.summary.speculation),
                 }))
                 .into_response()
             }
@@ -491,7 +491,7 @@ fn sse(
             v["usage"] = json!(u);
         }
         if let Some(s) = spec {
-            v["specmesh"] = json!(openai::Speculation::from(*s));
+            v["specmesh"] = json!(openai::Speculation::from(s));
             v["metrics"] = openai::vllm_metrics(s);
         }
         SseEvent::default().data(v.to_string())
@@ -553,12 +553,16 @@ fn sse(
                         sent,
                     );
                     let spec = summary.speculation;
+                    // The statistics ride one frame, as vLLM's do: the usage
+                    // chunk when asked, else the last one (clients such as
+                    // AIPerf drop a request whose stats come twice).
+                    let on_finish = (!include_usage).then_some(&spec);
                     let mut frames = Vec::new();
                     if summary.last.tool_calls.is_empty() {
                         frames.push(frame(
                             vec![kind.choice(true, &summary.last.text, finish, lp)],
                             None,
-                            Some(&spec),
+                            on_finish,
                         ));
                     } else {
                         // Text, then the calls, then the finish reason.
@@ -574,7 +578,7 @@ fn sse(
                             vec![json!({"index": 0, "delta": {}, "finish_reason": finish,
                                         "logprobs": null})],
                             None,
-                            Some(&spec),
+                            on_finish,
                         ));
                     }
                     if include_usage {

@@ -492,7 +492,7 @@ impl State {
                     &ctx,
                     summary.finish_reason,
                     summary.usage,
-                    summary.speculation,
+                    &summary.speculation,
                 );
                 Ok(Event::Done(summary))
             }
@@ -531,7 +531,7 @@ fn record(request_span: &Span, valid: &ValidGenerateRequest) {
 }
 
 /// Logs a finished request once (in the request span).
-fn log_finished(ctx: &RequestContext, reason: FinishReason, usage: Usage, spec: SpeculationStats) {
+fn log_finished(ctx: &RequestContext, reason: FinishReason, usage: Usage, spec: &SpeculationStats) {
     info!(
         finish_reason = reason.as_str_name(),
         completion_tokens = usage.completion_tokens,

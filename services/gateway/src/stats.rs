@@ -4,7 +4,7 @@
 use specmesh_proto::v1::{Committed, SpeculationStats};
 
 /// Counts verify steps and draft tokens as `Committed` events arrive.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SpecStats {
     verify_steps: u32,
     drafted: u32,
@@ -17,6 +17,8 @@ pub struct SpecStats {
     drafted_ahead: u32,
     /// Tokens accepted from what a grammar forced.
     forced: u32,
+    /// `histogram[j]`: steps that accepted exactly `j` draft tokens.
+    histogram: Vec<u32>,
 }
 
 impl SpecStats {
@@ -26,9 +28,14 @@ impl SpecStats {
         self.drafted = self.drafted.saturating_add(step.drafted);
         // A verifier cannot accept more than it drafted; don't let a bad one
         // report an acceptance rate above 1.
-        self.accepted = self
-            .accepted
-            .saturating_add(step.accepted.min(step.drafted));
+        let accepted = step.accepted.min(step.drafted);
+        self.accepted = self.accepted.saturating_add(accepted);
+        // A draft of at most the server's limit (64 by default) per step.
+        let j = (accepted as usize).min(MAX_HISTOGRAM - 1);
+        if self.histogram.len() <= j {
+            self.histogram.resize(j + 1, 0);
+        }
+        self.histogram[j] = self.histogram[j].saturating_add(1);
         let eos = u64::from(step.eos);
         self.committed = self
             .committed
@@ -48,7 +55,7 @@ impl SpecStats {
     /// step, counting an EOS as the token its step committed, so plain
     /// decoding reads exactly 1.0 whether it ended on EOS or on length.
     /// Tokens a stop string cut off still count: the target committed them.
-    pub fn to_wire(self) -> SpeculationStats {
+    pub fn to_wire(&self) -> SpeculationStats {
         let mean = if self.verify_steps == 0 {
             0.0
         } else {
@@ -62,9 +69,14 @@ impl SpecStats {
             tree_wait_seconds: self.tree_wait_us as f64 * 1e-6,
             drafted_ahead_steps: self.drafted_ahead,
             forced_tokens: self.forced,
+            acceptance_histogram: self.histogram.clone(),
         }
     }
 }
+
+/// Buckets of the acceptance histogram: a step's accepted drafts beyond
+/// the last are counted in it (a bad verifier cannot grow it unbounded).
+const MAX_HISTOGRAM: usize = 1025;
 
 /// The length of the longest common subsequence of `a` and `b`: with `a`
 /// a prediction and `b` the output, the prediction's tokens the output used
@@ -153,6 +165,8 @@ mod tests {
             (3, 21, 6)
         );
         assert_eq!(w.mean_accepted_per_step, 3.0);
+        // Steps by accepted drafts: one each with 1, 2 and 3.
+        assert_eq!(w.acceptance_histogram, [0, 1, 1, 1]);
     }
 
     #[test]

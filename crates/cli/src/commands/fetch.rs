@@ -25,6 +25,9 @@ pub enum ModelCommand {
     Fetch(FetchArgs),
     /// The catalog: every model `--model` accepts by name, and whether it is cached.
     List(ListArgs),
+    /// Write the model's tokenizer as Hugging Face's files (tokenizer.json,
+    /// tokenizer_config.json) into DIR, for clients that load one.
+    ExportTokenizer(super::export::ExportArgs),
 }
 
 #[derive(clap::Args)]
@@ -74,6 +77,7 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
             }
             Ok(())
         }
+        ModelCommand::ExportTokenizer(args) => super::export::run(args),
         ModelCommand::List(args) => {
             let dir = cache_dir(args.cache_dir.as_deref())?;
             println!("{:<20} {:>9}  {:<11} description", "name", "size", "cached");

@@ -1,5 +1,6 @@
 pub mod api_key;
 pub mod client;
+pub mod export;
 pub mod fetch;
 pub mod generate;
 pub mod token_ranking;

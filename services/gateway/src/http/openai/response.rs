@@ -64,8 +64,8 @@ pub struct Speculation {
     pub forced_tokens: u32,
 }
 
-impl From<v1::SpeculationStats> for Speculation {
-    fn from(s: v1::SpeculationStats) -> Speculation {
+impl From<&v1::SpeculationStats> for Speculation {
+    fn from(s: &v1::SpeculationStats) -> Speculation {
         Speculation {
             verify_steps: s.verify_steps,
             drafted_tokens: s.drafted_tokens,
@@ -78,19 +78,30 @@ impl From<v1::SpeculationStats> for Speculation {
 
 /// vLLM's per-request speculation statistics, `metrics.speculative_decoding`,
 /// which benchmark clients read from a response (and a stream's usage
-/// chunk).
+/// chunk; NVIDIA AIPerf's vLLM adapter among them), with vLLM's meanings:
+/// `mean_acceptance_length` is 1 + accepted drafts per step (our
+/// `mean_accepted_per_step` also counts forced tokens), and the histogram
+/// has no fixed draft length (`num_spec_tokens` is absent: trees vary).
 pub fn vllm_metrics(s: &v1::SpeculationStats) -> Value {
     let rate = if s.drafted_tokens == 0 {
         0.0
     } else {
         f64::from(s.accepted_tokens) / f64::from(s.drafted_tokens)
     };
+    let length = if s.verify_steps == 0 {
+        0.0
+    } else {
+        1.0 + f64::from(s.accepted_tokens) / f64::from(s.verify_steps)
+    };
     serde_json::json!({"speculative_decoding": {
+        "num_spec_steps": s.verify_steps,
         "num_drafts": s.verify_steps,
         "num_draft_tokens": s.drafted_tokens,
         "num_accepted_draft_tokens": s.accepted_tokens,
-        "mean_acceptance_length": s.mean_accepted_per_step,
+        "mean_acceptance_length": length,
+        "draft_acceptance_rate": rate,
         "acceptance_rate": rate,
+        "acceptance_histogram": s.acceptance_histogram,
         "num_forced_tokens": s.forced_tokens,
     }})
 }
