@@ -375,3 +375,71 @@ fn bench_serve_runs_conversations_over_every_api_and_checks_their_answers() {
         }
     }
 }
+
+#[test]
+fn bench_serve_runs_agent_tasks_with_speculation_on_and_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, json) = (
+        dir.path().join("spec.jsonl"),
+        dir.path().join("agentic.json"),
+    );
+    std::fs::write(&spec, CONVERSATION_SPEC).unwrap();
+    let out = run_with_env(
+        [
+            OsStr::new("bench-serve"),
+            OsStr::new("--up"),
+            OsStr::new("--model"),
+            model_path().as_os_str(),
+            OsStr::new("--agentic"),
+            OsStr::new("2"),
+            OsStr::new("--agentic-workload"),
+            OsStr::new("json"),
+            OsStr::new("--agentic-questions"),
+            spec.as_os_str(),
+            OsStr::new("--max-new-tokens"),
+            OsStr::new("48"),
+            OsStr::new("--json"),
+            json.as_os_str(),
+        ],
+        &env(),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench-serve --agentic failed:\n{stderr}\n{stdout}"
+    );
+    assert!(
+        stdout.contains("specmesh auto / off"),
+        "no ratio:\n{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let targets = report["targets"].as_array().unwrap();
+    let names: Vec<&str> = targets
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["specmesh auto", "specmesh off"]);
+    for t in targets {
+        assert_eq!(t["requests"], 2, "{t}");
+        // The schema's keys and punctuation are forced either way.
+        assert!(t["forced"].as_u64().unwrap() > 0, "{t}");
+        assert_eq!(t["valid"], t["checked"], "{t}");
+    }
+
+    // Two workloads at once are refused.
+    let out = run_with_env(
+        [
+            "bench-serve",
+            "--up",
+            "--agentic",
+            "1",
+            "--conversations",
+            "1",
+        ],
+        &env(),
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("two workloads"));
+}

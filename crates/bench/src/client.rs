@@ -194,6 +194,21 @@ impl Client {
         .await
     }
 
+    /// One greedy chat completion of `body`, not streamed, over the OpenAI
+    /// front: the response and its seconds.
+    pub async fn complete(
+        &self,
+        body: serde_json::Value,
+        mode: Mode,
+    ) -> Result<(serde_json::Value, f64)> {
+        match self {
+            Client::Http(http) => http.complete(body, mode).await,
+            Client::Grpc { .. } => {
+                anyhow::bail!("this workload runs over the OpenAI front (--http URL or --up)")
+            }
+        }
+    }
+
     /// One greedy chat generation.
     pub async fn chat(&self, ask: &Ask<'_>) -> Result<Completion> {
         match self {

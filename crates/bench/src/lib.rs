@@ -25,6 +25,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accept;
+mod agentic;
 pub mod bench;
 pub mod bench_draft;
 pub mod bench_model;

@@ -25,7 +25,7 @@ use tokio_rustls::TlsConnector;
 
 use specmesh_harness::grpc::Connection;
 
-use super::{Ask, Completion, Output};
+use super::{Ask, Completion, Mode, Output};
 
 /// Whose front it is: what a request may carry beyond OpenAI's fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,11 +129,18 @@ impl Http {
             "stream": true,
             "stream_options": {"include_usage": true},
         });
+        self.dialect_fields(&mut body, ask.mode, ask.tenant);
+        body
+    }
+
+    /// What a greedy request carries beyond OpenAI's fields in this front's
+    /// dialect.
+    fn dialect_fields(&self, body: &mut Value, mode: Mode, tenant: &str) {
         match self.dialect {
             Dialect::Specmesh => {
-                body["speculation"] = json!(ask.mode.name());
-                if !ask.tenant.is_empty() {
-                    body["tenant"] = json!(ask.tenant);
+                body["speculation"] = json!(mode.name());
+                if !tenant.is_empty() {
+                    body["tenant"] = json!(tenant);
                 }
             }
             Dialect::LlamaServer => {
@@ -142,7 +149,25 @@ impl Http {
                 body["cache_prompt"] = json!(true);
             }
         }
-        body
+    }
+
+    /// One greedy chat completion, not streamed, of `body` (the caller's
+    /// OpenAI fields: messages, tools, response_format, max_tokens) in this
+    /// front's dialect: the response and the seconds it took.
+    pub(super) async fn complete(&self, mut body: Value, mode: Mode) -> Result<(Value, f64)> {
+        body["model"] = json!(self.model);
+        body["temperature"] = json!(0);
+        self.dialect_fields(&mut body, mode, "");
+        let sent = Instant::now();
+        let (mut response, sender) = self
+            .call(Method::POST, "/v1/chat/completions", body.to_string())
+            .await?;
+        let bytes = read_all(&mut response).await?;
+        let seconds = sent.elapsed().as_secs_f64();
+        self.keep(sender);
+        let v = serde_json::from_slice(&bytes)
+            .with_context(|| format!("a chat completion from {} that is not JSON", self.addr))?;
+        Ok((v, seconds))
     }
 
     pub(super) async fn chat(&self, ask: &Ask<'_>) -> Result<Completion> {

@@ -64,7 +64,11 @@ pub struct Args {
     // prompts at request rates.
     #[command(flatten)]
     conversation: ConversationArgs,
-    // llama.cpp's llama-server beside ours, with `--conversations`.
+    // The agent workloads (`--agentic N`): JSON extraction or tool use.
+    #[command(flatten)]
+    agentic: crate::agentic::AgenticArgs,
+    // llama.cpp's llama-server beside ours, with `--conversations` or
+    // `--agentic`.
     #[command(flatten)]
     peer: PeerArgs,
     /// With --up: which of the gateway's APIs the requests use.
@@ -153,13 +157,29 @@ impl Pass {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let connection = |url: &String| Connection {
+        url: url.clone(),
+        api_key: args.api_key.clone(),
+        tls_ca: args.tls_ca.clone(),
+        tls_name: args.tls_name.clone(),
+    };
+    if args.agentic.enabled() {
+        ensure!(
+            !args.conversation.enabled(),
+            "`--agentic` and `--conversations` are two workloads: run one at a time"
+        );
+        let rt = tokio::runtime::Runtime::new()?;
+        return rt.block_on(crate::agentic::run(crate::agentic::Setup {
+            model: &args.model,
+            up: args.up.then_some(&args.mesh),
+            http: args.http.as_ref().map(connection),
+            peer: &args.peer,
+            args: &args.agentic,
+            max_new: args.max_new_tokens,
+            json: args.json.as_deref(),
+        }));
+    }
     if args.conversation.enabled() {
-        let connection = |url: &String| Connection {
-            url: url.clone(),
-            api_key: args.api_key.clone(),
-            tls_ca: args.tls_ca.clone(),
-            tls_name: args.tls_name.clone(),
-        };
         let rt = tokio::runtime::Runtime::new()?;
         return rt.block_on(crate::conversation::command::run(Setup {
             model: &args.model,
@@ -176,7 +196,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     ensure!(
         !args.peer.peer,
-        "`--peer` runs with `--conversations N`; the open-loop passes run against specmesh only"
+        "`--peer` runs with `--conversations N` or `--agentic N`; the open-loop passes run against specmesh only"
     );
     let questions = args.select.load()?;
     let n = args.num_prompts.unwrap_or(questions.len());
