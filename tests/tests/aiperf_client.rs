@@ -5,13 +5,14 @@
 //! with it and reports speculative decoding from the responses'
 //! `metrics.speculative_decoding`.
 
+use std::ffi::OsStr;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
 use specmesh_e2e::front::Front;
-use specmesh_e2e::{model_path, specmesh_bin};
+use specmesh_e2e::{model_path, run, stdout_ok};
 
 /// The AIPerf environment's interpreter (`scripts/test.sh` sets it).
 fn aiperf_python() -> String {
@@ -24,39 +25,27 @@ fn aiperf_python() -> String {
 /// `specmesh model export-tokenizer` of `model` into a temporary directory.
 fn export_tokenizer(model: &Path) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(specmesh_bin())
-        .args([
-            "model",
-            "export-tokenizer",
-            "--max-model-len",
-            "8192",
-            "--model",
-        ])
-        .arg(model)
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut args = vec![OsStr::new("model"), OsStr::new("export-tokenizer")];
+    args.extend([OsStr::new("--max-model-len"), OsStr::new("8192")]);
+    args.extend([
+        OsStr::new("--model"),
+        model.as_os_str(),
+        dir.path().as_os_str(),
+    ]);
+    stdout_ok(&run(args));
     dir
 }
 
 fn our_ids(model: &Path, text: &str) -> Vec<u32> {
-    let out = Command::new(specmesh_bin())
-        .args(["tokenize", "--json", "--model"])
-        .arg(model)
-        .arg(text)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let args = [
+        OsStr::new("tokenize"),
+        OsStr::new("--json"),
+        OsStr::new("--model"),
+    ];
+    let out = run(args
+        .into_iter()
+        .chain([model.as_os_str(), OsStr::new(text)]));
+    let v: Value = serde_json::from_str(&stdout_ok(&out)).unwrap();
     serde_json::from_value(v["ids"].clone()).unwrap()
 }
 

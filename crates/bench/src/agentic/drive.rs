@@ -46,8 +46,8 @@ impl Target {
     }
 }
 
-/// One task's requests.
-#[derive(Debug, Default)]
+/// Counts over requests: one task's, or a target's whole run.
+#[derive(Debug, Default, Serialize)]
 pub struct Outcome {
     pub requests: usize,
     pub tokens: u64,
@@ -67,36 +67,6 @@ impl Outcome {
         self.tokens += response["usage"]["completion_tokens"].as_u64().unwrap_or(0);
         self.forced += response["specmesh"]["forced_tokens"].as_u64().unwrap_or(0);
     }
-}
-
-/// A target's totals.
-#[derive(Debug, Serialize)]
-pub struct TargetStats {
-    pub name: String,
-    pub peer: bool,
-    pub requests: usize,
-    pub tokens: u64,
-    pub seconds: f64,
-    pub forced: u64,
-    pub checked: usize,
-    pub valid: usize,
-    pub failures: Vec<String>,
-}
-
-impl TargetStats {
-    pub fn new(name: &str, peer: bool) -> TargetStats {
-        TargetStats {
-            name: name.to_owned(),
-            peer,
-            requests: 0,
-            tokens: 0,
-            seconds: 0.0,
-            forced: 0,
-            checked: 0,
-            valid: 0,
-            failures: Vec::new(),
-        }
-    }
 
     pub fn add(&mut self, o: &Outcome) {
         self.requests += o.requests;
@@ -112,6 +82,27 @@ impl TargetStats {
             self.tokens as f64 / self.seconds
         } else {
             0.0
+        }
+    }
+}
+
+/// A target's totals.
+#[derive(Debug, Serialize)]
+pub struct TargetStats {
+    pub name: String,
+    pub peer: bool,
+    #[serde(flatten)]
+    pub totals: Outcome,
+    pub failures: Vec<String>,
+}
+
+impl TargetStats {
+    pub fn new(name: &str, peer: bool) -> TargetStats {
+        TargetStats {
+            name: name.to_owned(),
+            peer,
+            totals: Outcome::default(),
+            failures: Vec::new(),
         }
     }
 }

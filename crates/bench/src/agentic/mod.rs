@@ -157,7 +157,7 @@ pub async fn run(setup: Setup<'_>) -> Result<()> {
                     Workload::Tools => drive::agent(&targets[t], i, document, setup.max_new).await,
                 };
                 match outcome {
-                    Ok(o) => stats[t].add(&o),
+                    Ok(o) => stats[t].totals.add(&o),
                     Err(e) if targets[t].peer => stats[t].failures.push(format!("task {i}: {e:#}")),
                     Err(e) => return Err(e.context(format!("task {i} on {}", targets[t].name))),
                 }
@@ -187,12 +187,12 @@ fn report(
     for s in stats {
         table.row(vec![
             s.name.clone(),
-            s.requests.to_string(),
-            s.tokens.to_string(),
-            format!("{:.1}", s.seconds),
-            format!("{:.2}", s.tokens_per_second()),
-            s.forced.to_string(),
-            format!("{}/{}", s.valid, s.checked),
+            s.totals.requests.to_string(),
+            s.totals.tokens.to_string(),
+            format!("{:.1}", s.totals.seconds),
+            format!("{:.2}", s.totals.tokens_per_second()),
+            s.totals.forced.to_string(),
+            format!("{}/{}", s.totals.valid, s.totals.checked),
             s.failures.len().to_string(),
         ]);
     }
@@ -205,24 +205,28 @@ fn report(
         args.agentic
     );
     print!("{}", table.text());
-    let auto = stats[0].tokens_per_second();
-    let off = stats[1].tokens_per_second();
+    let auto = stats[0].totals.tokens_per_second();
+    let off = stats[1].totals.tokens_per_second();
     let best_peer = stats
         .iter()
         .filter(|s| s.peer && s.failures.is_empty())
-        .max_by(|a, b| a.tokens_per_second().total_cmp(&b.tokens_per_second()));
+        .max_by(|a, b| {
+            a.totals
+                .tokens_per_second()
+                .total_cmp(&b.totals.tokens_per_second())
+        });
     println!("specmesh auto / off: {:.2}x", auto / off);
     if let Some(p) = best_peer {
         println!(
             "specmesh auto / {}: {:.2}x",
             p.name,
-            auto / p.tokens_per_second()
+            auto / p.totals.tokens_per_second()
         );
     }
     let ours_invalid: usize = stats
         .iter()
         .filter(|s| !s.peer)
-        .map(|s| s.checked - s.valid)
+        .map(|s| s.totals.checked - s.totals.valid)
         .sum();
     if let Some(path) = json_path {
         let v = json!({
@@ -231,7 +235,7 @@ fn report(
             "max_new_tokens": max_new,
             "targets": stats,
             "auto_over_off": auto / off,
-            "auto_over_best_peer": best_peer.map(|p| json!({"peer": p.name, "ratio": auto / p.tokens_per_second()})),
+            "auto_over_best_peer": best_peer.map(|p| json!({"peer": p.name, "ratio": auto / p.totals.tokens_per_second()})),
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("writing {}", path.display()))?;
