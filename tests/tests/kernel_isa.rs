@@ -57,7 +57,7 @@ async fn a_mesh_pinned_to_avx2_answers_as_the_avx2_kernels_do_in_process() {
         .collect();
     assert_eq!(loaded.len(), verifiers.len(), "{:?}", mesh.startup);
     for line in loaded {
-        assert!(line.contains("(avx2 kernels)"), "{line}");
+        assert!(line.contains("(avx2 kernels, "), "{line}");
     }
     let drafters = mesh.of("specmesh-drafter");
     assert!(!drafters.is_empty(), "{:?}", mesh.startup);

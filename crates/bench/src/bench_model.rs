@@ -43,6 +43,11 @@ pub struct Args {
     /// Block sizes of the cost curve.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
     ks: Vec<usize>,
+    /// Contexts of the 1-token step at long context (filled with zero K/V
+    /// rather than prefilled; contexts the model cannot hold are skipped;
+    /// empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "512,4096,16384")]
+    step_contexts: Vec<usize>,
     /// Repetitions per measurement (the median is reported).
     #[arg(long, default_value_t = 7)]
     reps: usize,
@@ -63,6 +68,8 @@ struct Report {
     isa: String,
     /// The ISA and, on AMX, which calls take tiles (`Model::kernels`).
     kernels: String,
+    /// What the KV cache stores (`--kv-dtype`).
+    kv_dtype: String,
     threads: usize,
     compiled_features: Vec<&'static str>,
     weight_mb: f64,
@@ -75,7 +82,19 @@ struct Report {
     prefill_tokens_per_second: f64,
     decode_tokens_per_second: f64,
     cost_curves: Vec<Curve>,
+    /// The 1-token step at each of `--step-contexts`.
+    steps: Vec<Step>,
     peer: Option<PeerBench>,
+}
+
+#[derive(Serialize)]
+struct Step {
+    context: usize,
+    /// Median over the repetitions.
+    ms: f64,
+    /// Relative to the step at the first context.
+    relative_to_first: f64,
+    best_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -146,9 +165,10 @@ pub fn run(args: Args) -> Result<()> {
     );
     let resident = specmesh_model::process::resident_bytes();
     eprintln!(
-        "model {} | kernels {} | threads {} | compiled for {:?} | {}",
+        "model {} | kernels {} | {} KV | threads {} | compiled for {:?} | {}",
         path.display(),
         model.kernels(),
+        model.kv_dtype(),
         model.threads(),
         compiled_features(),
         specmesh_model::process::memory_line(model.weight_bytes())
@@ -222,6 +242,29 @@ pub fn run(args: Args) -> Result<()> {
         curves.push(Curve { context, points });
     }
 
+    // The 1-token step as the context grows (attention's share).
+    let mut steps: Vec<Step> = Vec::new();
+    let contexts: Vec<usize> = args
+        .step_contexts
+        .iter()
+        .copied()
+        .filter(|&c| c > 0)
+        .collect();
+    for s in specmesh_model::cost::measure_steps(&model, &contexts, args.reps)? {
+        let (ms, best_ms) = (s.median * 1e3, s.fastest * 1e3);
+        let relative_to_first = steps.first().map_or(1.0, |f| ms / f.ms);
+        eprintln!(
+            "step at context {:<6} {ms:>8.2} ms  {relative_to_first:>5.2}x   (fastest {best_ms:.2} ms)",
+            s.context
+        );
+        steps.push(Step {
+            context: s.context,
+            ms,
+            relative_to_first,
+            best_ms,
+        });
+    }
+
     let peer = if args.no_peer {
         None
     } else {
@@ -254,6 +297,7 @@ pub fn run(args: Args) -> Result<()> {
         model: path.display().to_string(),
         isa: model.isa().to_string(),
         kernels: model.kernels(),
+        kv_dtype: model.kv_dtype().to_string(),
         threads: model.threads(),
         compiled_features: compiled_features(),
         weight_mb: model.weight_bytes() as f64 / 1e6,
@@ -265,6 +309,7 @@ pub fn run(args: Args) -> Result<()> {
         prefill_tokens_per_second: prefill_tps,
         decode_tokens_per_second: decode_tps,
         cost_curves: curves,
+        steps,
         peer,
     };
     print_table(&report);
@@ -329,7 +374,10 @@ fn llama_bench(
 fn print_table(r: &Report) {
     println!("| metric | value |");
     println!("|---|---|");
-    println!("| ISA / threads | {} / {} |", r.isa, r.threads);
+    println!(
+        "| ISA / KV / threads | {} / {} / {} |",
+        r.isa, r.kv_dtype, r.threads
+    );
     println!(
         "| weights / resident | {:.0} MB / {} |",
         r.weight_mb,
@@ -368,6 +416,17 @@ fn print_table(r: &Report) {
             println!(
                 "| {} | {:.2} | {:.2} | {:.2} | {:.2} |",
                 p.k, p.ms, p.relative_to_k1, p.best_ms, p.best_relative_to_k1
+            );
+        }
+    }
+    if !r.steps.is_empty() {
+        println!();
+        println!("| context | 1-token step ms, median | relative to the first | fastest ms |");
+        println!("|---|---|---|---|");
+        for s in &r.steps {
+            println!(
+                "| {} | {:.2} | {:.2} | {:.2} |",
+                s.context, s.ms, s.relative_to_first, s.best_ms
             );
         }
     }

@@ -204,11 +204,11 @@ impl ModelDrafter {
     /// (a prefix cache), after what the drafter holds: the next propose
     /// feeds only what follows them. `data` is [`Self::export_kv`]'s
     /// layout for `tokens.len()` tokens.
-    pub fn import_kv(&mut self, tokens: &[u32], data: &[f32]) -> Result<(), ModelError> {
-        let per = self.seq.floats_per_token();
+    pub fn import_kv(&mut self, tokens: &[u32], data: &[u8]) -> Result<(), ModelError> {
+        let per = self.seq.bytes_per_token();
         if data.len() != tokens.len() * per {
             return Err(ModelError::InvalidCommit(format!(
-                "imported KV holds {} floats, not {} tokens of {per}",
+                "imported KV holds {} bytes, not {} tokens of {per}",
                 data.len(),
                 tokens.len()
             )));
@@ -219,7 +219,7 @@ impl ModelDrafter {
     }
 
     /// The K/V of held tokens `start..start + n`, for a prefix cache.
-    pub fn export_kv(&self, start: usize, n: usize) -> Result<Vec<f32>, ModelError> {
+    pub fn export_kv(&self, start: usize, n: usize) -> Result<Vec<u8>, ModelError> {
         self.seq.export(start, n)
     }
 

@@ -201,13 +201,13 @@ impl Session {
 
     /// The KV of committed context tokens `start..start + n`, for a
     /// prefix cache ([`specmesh_model::Sequence::export`]'s layout).
-    pub fn export_kv(&self, start: usize, n: usize) -> Result<Vec<f32>, EngineError> {
+    pub fn export_kv(&self, start: usize, n: usize) -> Result<Vec<u8>, EngineError> {
         Ok(self.seq.export(start, n)?)
     }
 
-    /// Floats one token's exported KV takes.
-    pub fn kv_floats_per_token(&self) -> usize {
-        self.seq.floats_per_token()
+    /// Bytes one token's exported KV takes.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.seq.bytes_per_token()
     }
 
     /// Takes KV another sequence of the same model computed for this
@@ -216,8 +216,8 @@ impl Session {
     /// `data` is the KV of exactly those tokens at those positions (a
     /// prefix cache keys it by every token before and in it). Never past
     /// the prefill: the last context token is the first tree's root.
-    pub fn import_kv(&mut self, data: &[f32]) -> Result<usize, EngineError> {
-        let per = self.seq.floats_per_token().max(1);
+    pub fn import_kv(&mut self, data: &[u8]) -> Result<usize, EngineError> {
+        let per = self.seq.bytes_per_token().max(1);
         let n = data.len() / per;
         if n > self.prefill_left() {
             return Err(EngineError::Model(

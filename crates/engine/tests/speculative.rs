@@ -460,6 +460,6 @@ fn a_prefix_imported_from_another_session_decodes_as_prefilled() {
         let mut c =
             Session::new(m, first[..3].to_vec(), 3, params.clone(), limits(1), None).unwrap();
         assert!(c.import_kv(&a.export_kv(0, 3).unwrap()).is_err());
-        assert!(c.import_kv(&[0.0; 5]).is_err());
+        assert!(c.import_kv(&[0u8; 5]).is_err());
     }
 }

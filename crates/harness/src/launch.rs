@@ -281,6 +281,7 @@ impl Mesh {
             model,
             threads,
             isa,
+            kv_dtype,
             mesh,
             front,
         } = layout;
@@ -311,6 +312,7 @@ impl Mesh {
             if let Some(isa) = isa {
                 drafter_args.extend(["--draft-model-isa".into(), isa.to_string()]);
             }
+            drafter_args.extend(["--draft-model-kv-dtype".into(), kv_dtype.to_string()]);
             if mesh.draft_ahead {
                 drafter_args.push("--draft-ahead".into());
             }
@@ -373,6 +375,7 @@ impl Mesh {
             if let Some(isa) = isa {
                 args.extend(["--isa".into(), isa.to_string()]);
             }
+            args.extend(["--kv-dtype".into(), kv_dtype.to_string()]);
             if let Some(c) = &mesh.verifier_cpus {
                 args.extend(["--cpus".into(), c.clone()]);
             }

@@ -129,6 +129,8 @@ pub struct Layout {
     /// The kernels' instruction set of the verifiers and of the draft
     /// model (`--isa`, `--draft-model-isa`; default: the fastest there).
     pub isa: Option<specmesh_model::Isa>,
+    /// What the verifiers' and the draft model's KV caches store.
+    pub kv_dtype: specmesh_model::KvDtype,
     pub mesh: MeshArgs,
     pub front: Front,
 }
@@ -143,6 +145,7 @@ impl Layout {
             model: model.path()?,
             threads: model.threads,
             isa: model.isa,
+            kv_dtype: model.kv_dtype,
             mesh: mesh.clone(),
             front,
         })
@@ -208,6 +211,7 @@ mod tests {
             model: Some("/nonexistent.gguf".into()),
             threads: None,
             isa: None,
+            kv_dtype: Default::default(),
         };
         let e = Layout::new(&model, &mesh, Front::loopback()).unwrap_err();
         assert!(e.to_string().contains("--drafter-rtt-ms"), "{e}");

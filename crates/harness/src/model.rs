@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use specmesh_model::{Isa, LoadOptions, Model, ModelFormat};
+use specmesh_model::{Isa, KvDtype, LoadOptions, Model, ModelFormat};
 use specmesh_tokenizer::Tokenizer;
 
 /// Model selection flags shared by the local commands.
@@ -23,6 +23,10 @@ pub struct ModelArgs {
     /// Kernel instruction set: scalar, avx2, avx-vnni, avx512-vnni, amx-int8 (default: the fastest this CPU has).
     #[arg(long, env = "SPECMESH_ISA")]
     pub isa: Option<Isa>,
+    /// What the KV cache stores K and V as: f16 (half the memory and
+    /// attention reads) or f32.
+    #[arg(long, env = "SPECMESH_KV_DTYPE", default_value_t = KvDtype::default())]
+    pub kv_dtype: KvDtype,
 }
 
 impl ModelArgs {
@@ -56,6 +60,7 @@ impl ModelArgs {
         let opts = LoadOptions {
             threads: self.threads,
             isa: self.isa,
+            kv_dtype: self.kv_dtype,
             progress: Some(&tick),
             ..LoadOptions::default()
         };

@@ -27,6 +27,7 @@
 mod act;
 pub mod attn;
 mod format;
+pub mod half16;
 mod isa;
 mod matmul;
 pub mod membw;

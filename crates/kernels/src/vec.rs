@@ -138,7 +138,31 @@ pub use specmesh_numeric::exp_neg;
 /// In-place softmax; leaves probabilities summing to 1.
 #[inline]
 pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let (_, sum) = softmax_unnormalized(x);
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `x_i ← e^(x_i − max)`; returns `(max, Σ x_i)`, what a softmax over
+/// several ranges of scores combines (an empty `x` gives `(−∞, 0)`).
+#[inline]
+pub fn softmax_unnormalized(x: &mut [f32]) -> (f32, f32) {
+    // Lane-wise, so it vectorises (a serial fold waits on each `max`);
+    // the maximum is the same whatever the order.
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    for c in chunks {
+        for l in 0..LANES {
+            lanes[l] = lanes[l].max(c[l]);
+        }
+    }
+    let max = lanes.iter().fold(rest, |m, &v| m.max(v));
     for v in x.iter_mut() {
         *v = exp_neg(*v - max);
     }
@@ -150,10 +174,7 @@ pub fn softmax(x: &mut [f32]) {
             acc[l] += c[l];
         }
     }
-    let inv = 1.0 / (reduce(acc) + tail);
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
+    (max, reduce(acc) + tail)
 }
 
 #[cfg(test)]

@@ -21,13 +21,13 @@ use crate::hash::{BlockHash, Scope};
 /// One block's KV, in the layout its model exports (opaque here).
 #[derive(Debug)]
 pub struct KvBlock {
-    data: Box<[f32]>,
+    data: Box<[u8]>,
     held: Arc<AtomicU64>,
     bytes: u64,
 }
 
 impl KvBlock {
-    pub fn data(&self) -> &[f32] {
+    pub fn data(&self) -> &[u8] {
         &self.data
     }
 }
@@ -219,7 +219,7 @@ impl Store {
         hashes: &[BlockHash],
         tokens: &[u32],
         i: usize,
-        data: Vec<f32>,
+        data: Vec<u8>,
     ) -> bool {
         let Some(&hash) = hashes.get(i) else {
             return false;

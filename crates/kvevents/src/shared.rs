@@ -100,7 +100,7 @@ impl SharedStore {
         hashes: &[BlockHash],
         tokens: &[u32],
         (from, upto): (usize, usize),
-        mut export: impl FnMut(usize) -> Option<Vec<f32>>,
+        mut export: impl FnMut(usize) -> Option<Vec<u8>>,
     ) -> usize {
         let missing: Vec<usize> = {
             let store = self.lock();
@@ -152,14 +152,14 @@ mod tests {
         assert!(
             shared
                 .lock()
-                .insert(scope, &hashes, &tokens, 0, vec![0.0; 2])
+                .insert(scope, &hashes, &tokens, 0, vec![0u8; 2])
         );
         let (held, mut changes) = shared.subscribe();
         assert_eq!(held, vec![hashes[0]]);
         assert!(
             shared
                 .lock()
-                .insert(scope, &hashes, &tokens, 1, vec![0.0; 2])
+                .insert(scope, &hashes, &tokens, 1, vec![0u8; 2])
         );
         let batch = changes.try_recv().unwrap();
         assert_eq!(*batch, vec![BlockEvent::Stored(hashes[1])]);
@@ -176,7 +176,7 @@ mod tests {
         let mut asked = Vec::new();
         let mut export = |i| {
             asked.push(i);
-            Some(vec![0.0; 2])
+            Some(vec![0u8; 2])
         };
         assert_eq!(
             shared.publish(scope, &hashes, &tokens, (0, 2), &mut export),
@@ -192,7 +192,7 @@ mod tests {
         let u = Scope::new("u", "", None);
         let other = block_hashes(u, &tokens, 2);
         let end = shared.publish(u, &other, &tokens, (0, 3), |i| {
-            (i < 1).then(|| vec![0.0; 2])
+            (i < 1).then(|| vec![0u8; 2])
         });
         assert_eq!(end, 1);
     }

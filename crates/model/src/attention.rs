@@ -1,29 +1,50 @@
 //! Causal tree attention over a sequence's committed prefix plus the
 //! attended tokens of its block.
 //!
-//! A task is a part of the queries (query head × block token) that read one
-//! KV head of one batch item. They all attend to the same committed prefix,
-//! so the prefix is walked in chunks that fit L1 (64 slots of K, then of
-//! V), each chunk serving every query of the task before the next is
-//! loaded: the query heads of a group and the tokens of a tree read the
-//! prefix once, not once each.
+//! A query (head × block token) attends to keys 0..=p: the committed prefix
+//! (slots 0..len) and then the token's ancestors in the block, in block
+//! order. Keys are cut into fixed ranges of [`RANGE`] key indices, and a
+//! task is one range of one KV head of one batch item, serving every query
+//! of that head's group: each byte of K and V is read once per forward and
+//! layer, whatever the number of query heads or tree tokens (splitting
+//! queries across threads instead made every thread read the whole cache:
+//! at long contexts a step read it twice). Within a range the prefix is
+//! walked in chunks that fit L1 (32 KiB of K, then of V), each chunk
+//! serving every query of the task before the next is loaded.
 //!
-//! Keys are visited in slot order for every (token, head): prefix 0..len,
-//! then the token's ancestors in block order. A token committed earlier and
-//! the same token staged in a block are visited in the same order with the
-//! same operations, so a token's output does not depend on the other tokens
-//! of its block or batch, and greedy speculative decoding reproduces plain
-//! decoding bit for bit.
+//! A task leaves each query's softmax over its range unnormalised — the
+//! range's maximum score, its sum of exponentials, and the exponential-
+//! weighted sum of values — and a second pass combines the ranges in order.
+//! Both steps depend only on the key indices: a range is the same keys, in
+//! the same order, for a token committed earlier and for the same token
+//! staged in a tree (its ancestors sit at the indices the committed tokens
+//! will), so a token's output does not depend on the other tokens of its
+//! block or batch, nor on the thread count, and greedy speculative decoding
+//! reproduces plain decoding bit for bit.
 //!
 //! The score and value loops run on the kernel of the model's ISA
 //! ([`attn::AttnKernel::select`]), like its matmuls: `Isa::Scalar` gives
-//! portable attention too.
+//! portable attention too. An f16 cache is widened to f32 a chunk at a time
+//! (exactly), so the same kernels run on it: converting inside the score
+//! and value loops instead made every query pay for every conversion, and
+//! was slower for 8- and 16-token blocks (docs/lab/kernels.md).
 
 use specmesh_kernels::attn::{self, AttnKernel};
-use specmesh_kernels::vec;
+use specmesh_kernels::{ThreadPool, half16, vec};
 
 use crate::block::Block;
+use crate::kv::PlaneRef;
 use crate::sequence::Sequence;
+
+/// Key indices per range. A task reads `RANGE` keys of one KV head, so at
+/// 4096 tokens of context a 1-token step has 8 ranges per KV head to
+/// spread over the threads; longer ranges leave threads idle, shorter ones
+/// store and combine more partial results.
+pub(crate) const RANGE: usize = 512;
+
+/// Block tokens per pass: bounds the partial results a pass holds (a long
+/// prompt at a long context has many ranges per query).
+const PASS_TOKENS: usize = 32;
 
 /// What one layer's attention needs to know about one batch item.
 pub(crate) struct Item<'a> {
@@ -44,137 +65,333 @@ pub(crate) struct Shape {
     pub kernel: AttnKernel,
 }
 
-/// Output buffer shared across tasks that each write their own heads.
+/// Buffers reused across layers and forwards.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    tasks: Vec<Task>,
+    /// Per pass item: its first token, tokens, ranges and first partial.
+    windows: Vec<Window>,
+    /// Per (window, head, token, range): max, sum, then head_dim values.
+    partials: Vec<f32>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    item: usize,
+    /// Block tokens `t0..t0 + n` are this pass's queries.
+    t0: usize,
+    n: usize,
+    ranges: usize,
+    /// Offset of its first partial in `Scratch::partials`.
+    at: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Task {
+    window: usize,
+    group: usize,
+    range: usize,
+    /// Which part of the group's queries (`part` of `parts`): only when
+    /// there are fewer (window, group, range) triples than threads to keep
+    /// busy, at short contexts.
+    part: usize,
+    parts: usize,
+}
+
+/// Raw pointer to a buffer that tasks write in disjoint parts.
 #[derive(Clone, Copy)]
-pub(crate) struct OutPtr(pub *mut f32);
-// SAFETY: each (row, KV head) task writes only its own heads' slices, and
-// the pool joins all tasks before the buffer's borrow ends.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
+struct Shared(*mut f32);
+// SAFETY: each task writes only its own queries' slices (its partials or
+// output rows), and the pool joins all tasks before the buffer's borrow
+// ends.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
 
-/// Attention tasks for a batch: each is a part of the queries (query head
-/// × block token) that read one KV head of one item. Queries of one KV head
-/// share every prefix chunk they load; the parts keep both cores busy when
-/// there are few KV heads (3 for SmolLM2).
-pub(crate) fn task_count(items: &[Item<'_>], shape: &Shape, threads: usize) -> usize {
-    items.len() * shape.n_kv_heads * parts(items, shape, threads)
-}
-
-fn parts(items: &[Item<'_>], shape: &Shape, threads: usize) -> usize {
-    let groups = items.len() * shape.n_kv_heads;
-    (2 * threads).div_ceil(groups.max(1)).max(1)
-}
-
-/// Computes attention for tasks `range` (see [`task_count`]) of layer
-/// `layer`, writing each head's output to `out` (`rows × n_heads·d`).
-// Queries index several parallel buffers (scores, tails, rows).
-#[allow(clippy::needless_range_loop)]
-pub(crate) fn run_tasks(
+/// Attention of layer `layer` for every block token of `items`, reading
+/// queries from `qkv` and writing each head's output to `out` (`rows ×
+/// n_heads·d`).
+pub(crate) fn run(
     items: &[Item<'_>],
     layer: usize,
     qkv: &[f32],
     shape: &Shape,
-    threads: usize,
-    out: OutPtr,
-    range: std::ops::Range<usize>,
+    pool: &ThreadPool,
+    out: &mut [f32],
+    scratch: &mut Scratch,
 ) {
-    let (d, kernel) = (shape.head_dim, shape.kernel);
+    let longest = items.iter().map(|it| it.block.len()).max().unwrap_or(0);
+    let out = Shared(out.as_mut_ptr());
+    let entry = shape.head_dim + 2;
+    for t0 in (0..longest).step_by(PASS_TOKENS) {
+        let Scratch {
+            tasks,
+            windows,
+            partials,
+        } = scratch;
+        windows.clear();
+        let mut at = 0;
+        for (i, it) in items.iter().enumerate() {
+            let n = it.block.len().saturating_sub(t0).min(PASS_TOKENS);
+            if n == 0 {
+                continue;
+            }
+            let ranges = (0..n)
+                .map(|t| keys(it, t0 + t).div_ceil(RANGE))
+                .max()
+                .unwrap_or(1);
+            windows.push(Window {
+                item: i,
+                t0,
+                n,
+                ranges,
+                at,
+            });
+            at += shape.n_heads * n * ranges * entry;
+        }
+        partials.resize(at, 0.0);
+        let triples: usize = windows.iter().map(|w| w.ranges).sum::<usize>() * shape.n_kv_heads;
+        let parts = (2 * pool.threads()).div_ceil(triples.max(1)).max(1);
+        tasks.clear();
+        for (w, win) in windows.iter().enumerate() {
+            for group in 0..shape.n_kv_heads {
+                for range in 0..win.ranges {
+                    for part in 0..parts {
+                        tasks.push(Task {
+                            window: w,
+                            group,
+                            range,
+                            part,
+                            parts,
+                        });
+                    }
+                }
+            }
+        }
+        let part = Shared(partials.as_mut_ptr());
+        let (tasks, windows) = (&*tasks, &*windows);
+        pool.for_ranges(tasks.len(), &|range| {
+            let mut buffers = Buffers::default();
+            for task in &tasks[range] {
+                run_task(items, windows, task, layer, qkv, shape, part, &mut buffers);
+            }
+        });
+        let queries: usize = windows.iter().map(|w| w.n * shape.n_heads).sum();
+        let partials = &*partials;
+        pool.for_ranges(queries, &|range| {
+            combine(items, windows, partials, shape, out, range);
+        });
+    }
+}
+
+/// Keys block token `t` attends to: the committed prefix, its ancestors
+/// and itself.
+fn keys(item: &Item<'_>, t: usize) -> usize {
+    item.seq.len() + item.block.depth(t) + 1
+}
+
+/// A thread's buffers, kept across its tasks.
+#[derive(Default)]
+struct Buffers {
+    /// Each block token's ancestors (itself last) as block indices.
+    ancestors: Vec<Vec<usize>>,
+    /// Per query of the task: its scores, then their exponentials.
+    scores: Vec<Vec<f32>>,
+    /// Slots `0..n` of a chunk (indices into `wide` or a plane).
+    slots: Vec<usize>,
+    /// An f16 chunk widened to f32.
+    wide: Vec<f32>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_task(
+    items: &[Item<'_>],
+    windows: &[Window],
+    task: &Task,
+    layer: usize,
+    qkv: &[f32],
+    shape: &Shape,
+    partials: Shared,
+    b: &mut Buffers,
+) {
+    let win = windows[task.window];
+    let item = &items[win.item];
+    let (d, kernel, kv_dim) = (shape.head_dim, shape.kernel, shape.kv_dim);
     let scale = 1.0 / (d as f32).sqrt();
     let per_group = shape.n_heads / shape.n_kv_heads;
-    let parts = parts(items, shape, threads);
-    let mut attended: Vec<usize> = Vec::new();
-    // Slots 0..len of the longest prefix; each task uses its first len.
-    let longest = items.iter().map(|it| it.seq.len()).max().unwrap_or(0);
-    let prefix: Vec<usize> = (0..longest).collect();
-    let mut tails: Vec<Vec<usize>> = Vec::new();
-    let mut scores: Vec<Vec<f32>> = Vec::new();
-    for task in range {
-        let (it, g, part) = (
-            task / (shape.n_kv_heads * parts),
-            task / parts % shape.n_kv_heads,
-            task % parts,
-        );
-        let item = &items[it];
-        let (len, n) = (item.seq.len(), item.block.len());
-        // Query q is (head g · per_group + q / n, token q % n).
-        let nq = per_group * n;
-        let queries = nq * part / parts..nq * (part + 1) / parts;
-        if queries.is_empty() {
-            continue;
-        }
-        let (kc, vc) = item.seq.layer(layer);
-        // Slot s of KV head g starts at s · kv_dim + g · d.
-        let (kc, vc) = (&kc[g * d..], &vc[g * d..]);
-        if tails.len() < n {
-            tails.resize_with(n, Vec::new);
-        }
-        if scores.len() < nq {
-            scores.resize_with(nq, Vec::new);
-        }
-        for r in 0..n {
-            item.block.attended(r, &mut attended);
-            tails[r].clear();
-            tails[r].extend(attended.iter().map(|a| len + a));
-        }
-        let head = |q: usize| g * per_group + q / n;
-        let query = |q: usize| &qkv[(item.row0 + q % n) * shape.qkv_stride + head(q) * d..][..d];
-        // SAFETY: see `OutPtr`; (row, head) belongs to this task alone.
-        let dst = |q: usize| unsafe {
-            std::slice::from_raw_parts_mut(
-                out.0
-                    .add(((item.row0 + q % n) * shape.n_heads + head(q)) * d),
-                d,
-            )
-        };
-        for q in queries.clone() {
-            scores[q].resize(len + tails[q % n].len(), 0.0);
-        }
+    let len = item.seq.len();
+    let (k0, k1) = (task.range * RANGE, (task.range + 1) * RANGE);
 
-        let chunk = prefix_chunk(d);
-        for c0 in (0..len).step_by(chunk) {
-            let c1 = (c0 + chunk).min(len);
-            for q in queries.clone() {
-                let s = &mut scores[q][c0..c1];
-                attn::qk_scores(
-                    kernel,
-                    query(q),
-                    kc,
-                    shape.kv_dim,
-                    &prefix[c0..c1],
-                    scale,
-                    s,
-                );
+    // Query q of the task is (head g · per_group + q / n, token t0 + q % n);
+    // those whose keys end before this range have nothing to do here.
+    let n = win.n;
+    let nq = per_group * n;
+    let queries = nq * task.part / task.parts..nq * (task.part + 1) / task.parts;
+    let active = |q: usize| keys(item, win.t0 + q % n) > k0;
+    if !queries.clone().any(active) {
+        return;
+    }
+    if b.ancestors.len() < n {
+        b.ancestors.resize_with(n, Vec::new);
+    }
+    for t in 0..n {
+        item.block.attended(win.t0 + t, &mut b.ancestors[t]);
+    }
+    let (kp, vp) = item.seq.layer(layer);
+    // Slot s of KV head g starts at s · kv_dim + g · d.
+    let (kp, vp) = (kp.skip(task.group * d), vp.skip(task.group * d));
+    // Prefix slots of this range, and each token's ancestors in it (their
+    // key index is len + their index in the ancestor list).
+    let prefix = k0.min(len)..k1.min(len);
+    let tail = |t: usize| {
+        let a = &b.ancestors[t];
+        let from = k0.saturating_sub(len).min(a.len());
+        let to = k1.saturating_sub(len).min(a.len());
+        from..to
+    };
+    let head = |q: usize| task.group * per_group + q / n;
+    let query = |q: usize| {
+        let row = item.row0 + win.t0 + q % n;
+        &qkv[row * shape.qkv_stride + head(q) * d..][..d]
+    };
+    let entry = d + 2;
+    let ranges = win.ranges;
+    // SAFETY: see `Shared`; (head, token, range) belongs to this task.
+    let partial = |q: usize| unsafe {
+        let i = (head(q) * n + q % n) * ranges + task.range;
+        std::slice::from_raw_parts_mut(partials.0.add(win.at + i * entry), entry)
+    };
+    if b.scores.len() < nq {
+        b.scores.resize_with(nq, Vec::new);
+    }
+    let scores = &mut b.scores;
+    for q in queries.clone() {
+        scores[q].clear();
+        scores[q].resize(prefix.len() + tail(q % n).len(), 0.0);
+    }
+
+    let chunk = prefix_chunk(d);
+    let (slots, wide) = (&mut b.slots, &mut b.wide);
+    for c0 in prefix.clone().step_by(chunk) {
+        let c1 = (c0 + chunk).min(prefix.end);
+        let (rows, stride) = head_rows(kp, kv_dim, d, c0..c1, wide);
+        slots.clear();
+        slots.extend(0..c1 - c0);
+        for q in queries.clone().filter(|&q| active(q)) {
+            let s = &mut scores[q][c0 - prefix.start..c1 - prefix.start];
+            attn::qk_scores(kernel, query(q), rows, stride, slots, scale, s);
+        }
+    }
+    // The block's rows (slots len..len + block) hold every ancestor.
+    let block_rows = len..len + item.block.len();
+    let (rows, stride) = head_rows(kp, kv_dim, d, block_rows.clone(), wide);
+    for q in queries.clone().filter(|&q| active(q)) {
+        let t = q % n;
+        let ids = &b.ancestors[t][tail(t)];
+        let s = &mut scores[q][prefix.len()..];
+        attn::qk_scores(kernel, query(q), rows, stride, ids, scale, s);
+        let (max, sum) = vec::softmax_unnormalized(&mut scores[q]);
+        let p = partial(q);
+        p[0] = max;
+        p[1] = sum;
+        p[2..].fill(0.0);
+    }
+    for c0 in prefix.clone().step_by(chunk) {
+        let c1 = (c0 + chunk).min(prefix.end);
+        let (rows, stride) = head_rows(vp, kv_dim, d, c0..c1, wide);
+        slots.clear();
+        slots.extend(0..c1 - c0);
+        for q in queries.clone().filter(|&q| active(q)) {
+            let e = &scores[q][c0 - prefix.start..c1 - prefix.start];
+            attn::pv_accumulate(kernel, e, rows, stride, slots, &mut partial(q)[2..]);
+        }
+    }
+    let (rows, stride) = head_rows(vp, kv_dim, d, block_rows, wide);
+    for q in queries.filter(|&q| active(q)) {
+        let t = q % n;
+        let ids = &b.ancestors[t][tail(t)];
+        let e = &scores[q][prefix.len()..];
+        attn::pv_accumulate(kernel, e, rows, stride, ids, &mut partial(q)[2..]);
+    }
+}
+
+/// Combines each query's ranges, in order, into its output row: the
+/// softmax over all its keys of the value rows.
+fn combine(
+    items: &[Item<'_>],
+    windows: &[Window],
+    partials: &[f32],
+    shape: &Shape,
+    out: Shared,
+    range: std::ops::Range<usize>,
+) {
+    let (d, h) = (shape.head_dim, shape.n_heads);
+    let entry = d + 2;
+    let mut w = 0;
+    let mut first = 0;
+    for i in range {
+        while i >= first + windows[w].n * h {
+            first += windows[w].n * h;
+            w += 1;
+        }
+        let win = windows[w];
+        let item = &items[win.item];
+        let (head, t) = ((i - first) / win.n, (i - first) % win.n);
+        let used = keys(item, win.t0 + t).div_ceil(RANGE);
+        let at = win.at + (head * win.n + t) * win.ranges * entry;
+        let parts = &partials[at..at + used * entry];
+        let max = parts
+            .chunks_exact(entry)
+            .fold(f32::NEG_INFINITY, |m, p| m.max(p[0]));
+        // SAFETY: see `Shared`; (row, head) belongs to this query alone.
+        let dst = unsafe {
+            let row = item.row0 + win.t0 + t;
+            std::slice::from_raw_parts_mut(out.0.add((row * h + head) * d), d)
+        };
+        dst.fill(0.0);
+        let mut sum = 0.0f32;
+        for p in parts.chunks_exact(entry) {
+            let w = vec::exp_neg(p[0] - max);
+            sum = w.mul_add(p[1], sum);
+            for (o, &x) in dst.iter_mut().zip(&p[2..]) {
+                *o = w.mul_add(x, *o);
             }
         }
-        for q in queries.clone() {
-            let s = &mut scores[q][len..];
-            attn::qk_scores(kernel, query(q), kc, shape.kv_dim, &tails[q % n], scale, s);
-            vec::softmax(&mut scores[q]);
-            dst(q).fill(0.0);
-        }
-        for c0 in (0..len).step_by(chunk) {
-            let c1 = (c0 + chunk).min(len);
-            for q in queries.clone() {
-                let p = &scores[q][c0..c1];
-                attn::pv_accumulate(kernel, p, vc, shape.kv_dim, &prefix[c0..c1], dst(q));
-            }
-        }
-        for q in queries {
-            attn::pv_accumulate(
-                kernel,
-                &scores[q][len..],
-                vc,
-                shape.kv_dim,
-                &tails[q % n],
-                dst(q),
-            );
+        let inv = 1.0 / sum;
+        for o in dst.iter_mut() {
+            *o *= inv;
         }
     }
 }
 
-/// Prefix slots per chunk: 16 KiB of one head's K (or V), half an L1, so a
-/// chunk stays there while every query of the task uses it (64 slots at
-/// head_dim 64, 32 at 128).
+/// Slots `range` of one KV head's plane as f32 rows the kernels read:
+/// `(rows, stride)` with slot `range.start + i` at `rows[i · stride..]`.
+/// An f32 plane is read in place; an f16 one is widened (exactly) into
+/// `wide`, once per chunk for every query of the task.
+fn head_rows<'a>(
+    plane: PlaneRef<'a>,
+    kv_dim: usize,
+    d: usize,
+    range: std::ops::Range<usize>,
+    wide: &'a mut Vec<f32>,
+) -> (&'a [f32], usize) {
+    match plane {
+        PlaneRef::F32(p) => (&p[range.start * kv_dim..], kv_dim),
+        PlaneRef::F16(p) => {
+            wide.resize(range.len() * d, 0.0);
+            for (i, s) in range.enumerate() {
+                half16::widen(
+                    &p[s * kv_dim..s * kv_dim + d],
+                    &mut wide[i * d..(i + 1) * d],
+                );
+            }
+            (&wide[..], d)
+        }
+    }
+}
+
+/// Prefix slots per chunk: 16 KiB of one head's K (or V) in f32, half an
+/// L1, so a chunk stays there while every query of the task uses it (64
+/// slots at head_dim 64, 32 at 128).
 fn prefix_chunk(head_dim: usize) -> usize {
     (16 * 1024 / (4 * head_dim)).max(8)
 }

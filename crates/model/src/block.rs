@@ -52,6 +52,8 @@ pub struct Block {
     tokens: Vec<u32>,
     positions: Vec<u32>,
     parents: Vec<Option<u32>>,
+    /// Ancestors of each token within the block (0 for a root).
+    depths: Vec<u32>,
     chain: bool,
     logits: LogitsFor,
 }
@@ -102,8 +104,10 @@ impl Block {
         check_len("positions", positions.len(), tokens.len())?;
         check_len("parents", parents.len(), tokens.len())?;
         let mut chain = true;
+        let mut depths: Vec<u32> = Vec::with_capacity(tokens.len());
         for (i, p) in parents.iter().enumerate() {
             chain &= *p == i.checked_sub(1).map(|p| p as u32);
+            depths.push(p.map_or(0, |p| depths.get(p as usize).map_or(0, |d| d + 1)));
             if let Some(p) = *p {
                 let p = p as usize;
                 if p >= i {
@@ -125,6 +129,7 @@ impl Block {
             tokens,
             positions,
             parents,
+            depths,
             chain,
             logits: LogitsFor::All,
         })
@@ -154,6 +159,11 @@ impl Block {
 
     pub fn parent(&self, i: usize) -> Option<usize> {
         self.parents[i].map(|p| p as usize)
+    }
+
+    /// Ancestors of token `i` within the block (0 for a root).
+    pub fn depth(&self, i: usize) -> usize {
+        self.depths[i] as usize
     }
 
     pub fn is_chain(&self) -> bool {

@@ -81,3 +81,59 @@ pub fn measure(
         })
         .collect())
 }
+
+/// Timings of a 1-token step on one context length.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepSample {
+    pub context: usize,
+    /// Median forward time, seconds.
+    pub median: f64,
+    /// Fastest forward time, seconds.
+    pub fastest: f64,
+}
+
+/// Measures a 1-token step on top of each of `contexts` committed tokens,
+/// `reps` times each, round-robin (as [`measure`]). The contexts are
+/// filled with zero K and V instead of being prefilled: a step's cost does
+/// not depend on what the cache holds (no kernel branches on values), and
+/// a 16k-token prefill of a 1.5B model takes minutes on a small CPU.
+/// Contexts the model cannot hold with one more token are skipped.
+pub fn measure_steps(model: &Model, contexts: &[usize], reps: usize) -> Result<Vec<StepSample>> {
+    let max = model.config().max_context;
+    let mut runs = Vec::new();
+    for &context in contexts.iter().filter(|&&c| c < max) {
+        let mut seq = model.new_sequence();
+        seq.reserve_total(context + 1);
+        seq.import(&vec![0u8; context * seq.bytes_per_token()])?;
+        let block = Block::chain(ordinary_tokens(1, 5), context)?;
+        runs.push((context, seq, block));
+    }
+    for _ in 0..2 {
+        for (_, seq, block) in &mut runs {
+            model.forward(seq, block)?;
+            seq.discard();
+        }
+    }
+    let mut times = vec![Vec::with_capacity(reps); runs.len()];
+    for _ in 0..reps.max(1) {
+        for ((_, seq, block), times) in runs.iter_mut().zip(&mut times) {
+            let t = Instant::now();
+            let r = model.forward(seq, block);
+            times.push(t.elapsed().as_secs_f64());
+            seq.discard();
+            r?;
+        }
+    }
+    Ok(runs
+        .iter()
+        .zip(times)
+        .map(|((context, _, _), mut t)| {
+            t.sort_by(f64::total_cmp);
+            StepSample {
+                context: *context,
+                median: t[t.len() / 2],
+                fastest: t[0],
+            }
+        })
+        .collect())
+}

@@ -10,7 +10,7 @@
 use specmesh_kernels::attn::AttnKernel;
 use specmesh_kernels::{Isa, QuantizedRows, ThreadPool, vec};
 
-use crate::attention::{self, Item, OutPtr, Shape};
+use crate::attention::{self, Item, Shape};
 use crate::block::Block;
 use crate::error::{ModelError, Result};
 use crate::logits::Logits;
@@ -30,6 +30,7 @@ pub(crate) struct Scratch {
     act: Vec<f32>,
     tmp: Vec<f32>,
     q8: QuantizedRows,
+    attention: attention::Scratch,
 }
 
 /// What one forward reads of a model: borrowed from a `Model` (or a
@@ -134,16 +135,13 @@ pub(crate) fn run(
         // RoPE on q and k, then K/V into each sequence's staging slots.
         let mut row = 0;
         for (seq, block) in items.iter_mut() {
-            let len = seq.len();
-            let (kc, vc) = seq.layer_mut(l);
             for (i, &pos) in block.positions().iter().enumerate() {
                 let r = &mut s.qkv[row * qkv_stride..(row + 1) * qkv_stride];
                 let (q, kv) = r.split_at_mut(qd);
                 m.rope.apply(q, pos as usize);
                 m.rope.apply(&mut kv[..kvd], pos as usize);
-                let slot = (len + i) * kvd;
-                kc[slot..slot + kvd].copy_from_slice(&kv[..kvd]);
-                vc[slot..slot + kvd].copy_from_slice(&kv[kvd..]);
+                let (k, v) = kv.split_at(kvd);
+                seq.write_staged(l, i, k, &v[..kvd]);
                 row += 1;
             }
         }
@@ -159,12 +157,15 @@ pub(crate) fn run(
                 })
                 .collect()
         };
-        let out = OutPtr(s.attn.as_mut_ptr());
-        let qkv = &s.qkv;
-        let threads = pool.threads();
-        pool.for_ranges(attention::task_count(&views, &shape, threads), &|range| {
-            attention::run_tasks(&views, l, qkv, &shape, threads, out, range)
-        });
+        attention::run(
+            &views,
+            l,
+            &s.qkv,
+            &shape,
+            pool,
+            &mut s.attn,
+            &mut s.attention,
+        );
 
         w.wo.forward(&s.attn, &mut s.q8, &mut s.proj, isa, pool);
         for (x, p) in s.x.iter_mut().zip(&s.proj) {

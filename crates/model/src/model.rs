@@ -11,6 +11,7 @@ use crate::block::Block;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::forward::{self, Parts, Scratch};
+use crate::kv::KvDtype;
 use crate::load::{LoadOptions, load_weights};
 use crate::logits::Logits;
 use crate::rope::Rope;
@@ -29,6 +30,7 @@ pub struct Model {
     pub(crate) n_layers: usize,
     pub(crate) pool: Arc<ThreadPool>,
     pub(crate) isa: Isa,
+    pub(crate) kv_dtype: KvDtype,
     pub(crate) scratch: Mutex<Scratch>,
 }
 
@@ -64,6 +66,7 @@ impl Model {
             rope: Arc::new(rope),
             pool: Arc::new(ThreadPool::new(threads)),
             isa,
+            kv_dtype: opts.kv_dtype,
             scratch: Mutex::new(Scratch::default()),
         })
     }
@@ -137,6 +140,7 @@ impl Model {
             n_layers,
             pool: Arc::clone(&self.pool),
             isa: self.isa,
+            kv_dtype: self.kv_dtype,
             scratch: Mutex::new(Scratch::default()),
         })
     }
@@ -144,12 +148,31 @@ impl Model {
     /// Bytes of KV cache one token takes across all layers (what a server
     /// budgets per token of context).
     pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.n_layers * self.weights.config.kv_dim() * std::mem::size_of::<f32>()
+        2 * self.n_layers * self.weights.config.kv_dim() * self.kv_dtype.bytes()
+    }
+
+    /// What this model's sequences store K and V as.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
+    /// The same model (shared weights and threads) whose sequences store
+    /// K and V as `dtype`: one process measures both types.
+    pub fn with_kv_dtype(&self, dtype: KvDtype) -> Model {
+        Model {
+            weights: Arc::clone(&self.weights),
+            rope: Arc::clone(&self.rope),
+            n_layers: self.n_layers,
+            pool: Arc::clone(&self.pool),
+            isa: self.isa,
+            kv_dtype: dtype,
+            scratch: Mutex::new(Scratch::default()),
+        }
     }
 
     /// An empty sequence (KV cache) for this model.
     pub fn new_sequence(&self) -> Sequence {
-        Sequence::new(&self.weights.config, self.n_layers)
+        Sequence::new(&self.weights.config, self.n_layers, self.kv_dtype)
     }
 
     /// Appends `block` to `seq` (staged) and returns its logits.

@@ -9,6 +9,7 @@
 
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
+use crate::kv::{KvDtype, Plane, PlaneRef};
 
 #[derive(Clone, Debug)]
 pub(crate) struct Staged {
@@ -20,24 +21,26 @@ pub(crate) struct Staged {
 #[derive(Clone, Debug)]
 pub struct Sequence {
     kv_dim: usize,
+    dtype: KvDtype,
     max_context: usize,
     len: usize,
     /// Slots allocated per layer (grows on demand up to `max_context`).
     capacity: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<Plane>,
+    v: Vec<Plane>,
     staged: Option<Staged>,
 }
 
 impl Sequence {
-    pub(crate) fn new(cfg: &LlamaConfig, n_layers: usize) -> Sequence {
+    pub(crate) fn new(cfg: &LlamaConfig, n_layers: usize, dtype: KvDtype) -> Sequence {
         Sequence {
             kv_dim: cfg.kv_dim(),
+            dtype,
             max_context: cfg.max_context,
             len: 0,
             capacity: 0,
-            k: vec![Vec::new(); n_layers],
-            v: vec![Vec::new(); n_layers],
+            k: vec![Plane::new(dtype); n_layers],
+            v: vec![Plane::new(dtype); n_layers],
             staged: None,
         }
     }
@@ -61,9 +64,14 @@ impl Sequence {
         self.k.len()
     }
 
+    /// What K and V are stored as.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
     /// Bytes held by the KV cache (what a verifier budgets per session).
     pub fn kv_bytes(&self) -> usize {
-        2 * self.k.len() * self.capacity * self.kv_dim * std::mem::size_of::<f32>()
+        self.capacity * self.bytes_per_token()
     }
 
     /// Keeps the staged tokens `kept` — a root-to-node path of the last
@@ -123,15 +131,17 @@ impl Sequence {
         self.staged = None;
     }
 
-    /// Floats one token's K and V take over all layers: the size of what
+    /// Bytes one token's K and V take over all layers: the size of what
     /// [`Sequence::export`] returns per token.
-    pub fn floats_per_token(&self) -> usize {
-        2 * self.k.len() * self.kv_dim
+    pub fn bytes_per_token(&self) -> usize {
+        2 * self.k.len() * self.kv_dim * self.dtype.bytes()
     }
 
     /// The committed K and V of tokens `start..start + n`, every layer's K
-    /// then V (what [`Sequence::import`] takes), for a prefix cache.
-    pub fn export(&self, start: usize, n: usize) -> Result<Vec<f32>> {
+    /// then V, as stored (f16 or f32 in native byte order: what
+    /// [`Sequence::import`] of a sequence of the same model and
+    /// [`KvDtype`] takes), for a prefix cache.
+    pub fn export(&self, start: usize, n: usize) -> Result<Vec<u8>> {
         if start + n > self.len {
             return Err(ModelError::InvalidCommit(format!(
                 "cannot export tokens {start}..{}: {} are committed",
@@ -140,10 +150,10 @@ impl Sequence {
             )));
         }
         let d = self.kv_dim;
-        let mut out = Vec::with_capacity(n * self.floats_per_token());
+        let mut out = Vec::with_capacity(n * self.bytes_per_token());
         for (k, v) in self.k.iter().zip(&self.v) {
-            out.extend_from_slice(&k[start * d..(start + n) * d]);
-            out.extend_from_slice(&v[start * d..(start + n) * d]);
+            k.export(start * d..(start + n) * d, &mut out);
+            v.export(start * d..(start + n) * d, &mut out);
         }
         Ok(out)
     }
@@ -151,22 +161,23 @@ impl Sequence {
     /// Appends exported KV (of the tokens right after the committed
     /// prefix, from another sequence of the same model) as committed: the
     /// logits that follow are bit-identical to computing it here.
-    pub fn import(&mut self, data: &[f32]) -> Result<()> {
-        let per = self.floats_per_token();
+    pub fn import(&mut self, data: &[u8]) -> Result<()> {
+        let per = self.bytes_per_token();
         if per == 0 || !data.len().is_multiple_of(per) {
             return Err(ModelError::InvalidCommit(format!(
-                "imported KV holds {} floats, not a whole number of tokens of {per}",
-                data.len()
+                "imported KV holds {} bytes, not a whole number of tokens of {per} ({} KV)",
+                data.len(),
+                self.dtype
             )));
         }
         let n = data.len() / per;
         self.reserve(n)?;
         let (d, at) = (self.kv_dim, self.len * self.kv_dim);
-        let mut chunks = data.chunks_exact(n * d);
+        let mut chunks = data.chunks_exact(n * d * self.dtype.bytes());
         for (k, v) in self.k.iter_mut().zip(self.v.iter_mut()) {
             let (ks, vs) = (chunks.next(), chunks.next());
-            k[at..at + n * d].copy_from_slice(ks.expect("whole tokens"));
-            v[at..at + n * d].copy_from_slice(vs.expect("whole tokens"));
+            k.import(at, ks.expect("whole tokens"));
+            v.import(at, vs.expect("whole tokens"));
         }
         self.len += n;
         Ok(())
@@ -179,7 +190,7 @@ impl Sequence {
         let cap = total.min(self.max_context);
         if cap > self.capacity {
             for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
-                layer.resize(cap * self.kv_dim, 0.0);
+                layer.resize(cap * self.kv_dim);
             }
             self.capacity = cap;
         }
@@ -203,7 +214,7 @@ impl Sequence {
         if need > self.capacity {
             let cap = need.max(self.capacity * 2).max(64).min(self.max_context);
             for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
-                layer.resize(cap * self.kv_dim, 0.0);
+                layer.resize(cap * self.kv_dim);
             }
             self.capacity = cap;
         }
@@ -218,11 +229,15 @@ impl Sequence {
     }
 
     /// K and V of `layer`, slot-major (`slot × kv_dim`).
-    pub(crate) fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
-        (&self.k[layer], &self.v[layer])
+    pub(crate) fn layer(&self, layer: usize) -> (PlaneRef<'_>, PlaneRef<'_>) {
+        (self.k[layer].view(), self.v[layer].view())
     }
 
-    pub(crate) fn layer_mut(&mut self, layer: usize) -> (&mut [f32], &mut [f32]) {
-        (&mut self.k[layer], &mut self.v[layer])
+    /// Stores the K and V rows of staged token `i` (slot `len + i`) of
+    /// `layer`, rounded to the cache's type.
+    pub(crate) fn write_staged(&mut self, layer: usize, i: usize, k: &[f32], v: &[f32]) {
+        let at = (self.len + i) * self.kv_dim;
+        self.k[layer].write(at, k);
+        self.v[layer].write(at, v);
     }
 }

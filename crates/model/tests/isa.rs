@@ -7,15 +7,18 @@ mod common;
 use std::sync::OnceLock;
 
 use common::{bits, model_path};
-use specmesh_model::{AttnKernel, Block, Isa, LoadOptions, Model};
+use specmesh_model::{AttnKernel, Block, Isa, KvDtype, LoadOptions, Model};
 
 /// SmolLM2 with dequantized (f32) weights and f32 activations on `isa`. The
 /// f32 matmuls are the same dot products on every ISA, so two such models
-/// differ only in their attention kernel.
+/// differ only in their attention kernel. The KV cache is f32 too: f16
+/// rounding would turn the kernels' last-bit differences into whole f16
+/// steps of a key here and there, which says nothing about the kernels.
 fn dequantized(isa: Option<Isa>) -> Model {
     let opts = LoadOptions {
         isa,
         dequantize: true,
+        kv_dtype: KvDtype::F32,
         ..LoadOptions::default()
     };
     Model::load(&model_path(), &opts).expect("loading the test model")

@@ -1,13 +1,14 @@
 //! Tree forward, commit/rollback and batch invariance on the real models:
 //! SmolLM2-135M (llama, Q4_1) and Qwen2.5-Coder-0.5B (qwen2: biases, NeoX
 //! RoPE, Q5_0 / Q8_0 / Q4_K / Q6_K kernels). Every comparison is bit-exact:
-//! the runtime promises identical logits.
+//! the runtime promises identical logits, with the KV cache in f32 and in
+//! f16, and at contexts whose attention spans several key ranges.
 
 mod common;
 
 use common::{bits, model, qwen};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use specmesh_model::{Block, Model, ModelError, Sequence};
+use specmesh_model::{Block, KvDtype, Model, ModelError, Sequence};
 
 /// A prompt-like prefix of ordinary tokens.
 fn prefix(rng: &mut StdRng, n: usize) -> Vec<u32> {
@@ -56,18 +57,86 @@ fn path_to(parents: &[Option<usize>], node: usize) -> Vec<usize> {
     path
 }
 
-/// The same property test on both models.
+/// The same property test on both models, with each KV cache type.
 macro_rules! on_both_models {
     ($check:ident, $smollm:ident, $qwen:ident) => {
         #[test]
         fn $smollm() {
-            $check(model());
+            for_each_kv_dtype(model(), $check);
         }
         #[test]
         fn $qwen() {
-            $check(qwen());
+            for_each_kv_dtype(qwen(), $check);
         }
     };
+}
+
+fn for_each_kv_dtype(m: &Model, check: fn(&Model)) {
+    for dtype in KvDtype::ALL {
+        eprintln!("{dtype} KV");
+        check(&m.with_kv_dtype(dtype));
+    }
+}
+
+/// Trees whose ancestors straddle the first and the second boundary of
+/// attention's key ranges (512 keys), and a batch mixing contexts on both
+/// sides of them, on SmolLM2.
+#[test]
+fn trees_and_batches_are_exact_across_attention_key_ranges() {
+    for_each_kv_dtype(model(), |m| {
+        tree_matches_paths_at(m, 505, 11);
+        tree_matches_paths_at(m, 1020, 12);
+        let mut rng = StdRng::seed_from_u64(5);
+        let lens = [509usize, 30, 1030, 700];
+        let bases: Vec<Sequence> = lens
+            .iter()
+            .map(|&n| prefilled(m, &prefix(&mut rng, n)))
+            .collect();
+        let blocks: Vec<Block> = lens
+            .iter()
+            .map(|&n| {
+                let (t, par) = random_tree(&mut rng, 24, 10);
+                Block::tree(t, par, n).unwrap()
+            })
+            .collect();
+        let alone: Vec<_> = bases
+            .iter()
+            .zip(&blocks)
+            .map(|(b, blk)| m.forward(&mut b.clone(), blk).unwrap())
+            .collect();
+        let mut seqs = bases.clone();
+        let mut batch: Vec<(&mut Sequence, &Block)> = seqs.iter_mut().zip(&blocks).collect();
+        let together = m.forward_batch(&mut batch).unwrap();
+        for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+            assert_eq!(bits(a.as_slice()), bits(t.as_slice()), "sequence {i}");
+        }
+    });
+}
+
+/// A prompt prefilled in one block and in chunks leaves the same cache
+/// (what a prefix cache shares between sessions that prefilled it
+/// differently) and the same next logits.
+#[test]
+fn a_prompt_prefilled_in_chunks_leaves_the_cache_of_one_block() {
+    for_each_kv_dtype(model(), |m| {
+        let mut rng = StdRng::seed_from_u64(8);
+        let prompt = prefix(&mut rng, 1100);
+        let whole = prefilled(m, &prompt);
+        let mut chunked = m.new_sequence();
+        for (i, c) in prompt.chunks(96).enumerate() {
+            m.forward(&mut chunked, &Block::chain(c.to_vec(), i * 96).unwrap())
+                .unwrap();
+            chunked.commit(&(0..c.len()).collect::<Vec<_>>()).unwrap();
+        }
+        assert_eq!(
+            whole.export(0, prompt.len()).unwrap(),
+            chunked.export(0, prompt.len()).unwrap()
+        );
+        let next = Block::chain(vec![42, 4242], prompt.len()).unwrap();
+        let a = m.forward(&mut whole.clone(), &next).unwrap();
+        let b = m.forward(&mut chunked, &next).unwrap();
+        assert_eq!(bits(a.as_slice()), bits(b.as_slice()));
+    });
 }
 
 on_both_models!(
@@ -92,8 +161,12 @@ on_both_models!(
 );
 
 fn tree_matches_paths(m: &Model) {
-    let mut rng = StdRng::seed_from_u64(42);
-    let pre = prefix(&mut rng, 37);
+    tree_matches_paths_at(m, 37, 42);
+}
+
+fn tree_matches_paths_at(m: &Model, prefix_len: usize, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let pre = prefix(&mut rng, prefix_len);
     let base = prefilled(m, &pre);
     for _ in 0..4 {
         let (tokens, parents) = random_tree(&mut rng, 64, 8);

@@ -89,6 +89,10 @@ pub struct Args {
     /// the CPU lacks is refused at start.
     #[arg(long)]
     pub draft_model_isa: Option<specmesh_model::Isa>,
+    /// What the draft model's KV cache stores K and V as: f16 or f32
+    /// (default f16).
+    #[arg(long)]
+    pub draft_model_kv_dtype: Option<specmesh_model::KvDtype>,
     /// Sessions that draft with the model at once, at most; later ones
     /// draft model-free (each holds a KV cache of its context).
     #[arg(long, default_value_t = 64)]
@@ -170,6 +174,8 @@ pub struct DraftModelConfig {
     pub threads: Option<usize>,
     /// The kernels' instruction set (`None`: the fastest this CPU has).
     pub isa: Option<specmesh_model::Isa>,
+    /// What the KV cache stores K and V as.
+    pub kv_dtype: specmesh_model::KvDtype,
     /// Sessions drafting with the model at once.
     pub max_sessions: usize,
     /// Bytes of the draft model's KV kept by prefix (0: none).
@@ -238,6 +244,7 @@ impl TryFrom<Args> for Config {
                     .map(|n| at_least("draft-model-threads", n, 1))
                     .transpose()?,
                 isa: a.draft_model_isa,
+                kv_dtype: a.draft_model_kv_dtype.unwrap_or_default(),
                 max_sessions: at_least("draft-model-sessions", a.draft_model_sessions, 1)?,
                 kv_budget_bytes: (in_range(
                     "draft-kv-budget-mib",
@@ -256,6 +263,7 @@ impl TryFrom<Args> for Config {
                     ("target-tokenizer", a.target_tokenizer.is_some()),
                     ("draft-model-threads", a.draft_model_threads.is_some()),
                     ("draft-model-isa", a.draft_model_isa.is_some()),
+                    ("draft-model-kv-dtype", a.draft_model_kv_dtype.is_some()),
                     ("draft-ahead", a.draft_ahead),
                     ("draft-head-tokens", a.draft_head_tokens > 0),
                     ("draft-model-sha256", a.draft_model_sha256.is_some()),

@@ -284,6 +284,7 @@ impl DraftModel {
         let opts = LoadOptions {
             threads: cfg.threads,
             isa: cfg.isa,
+            kv_dtype: cfg.kv_dtype,
             head_tokens: head.as_deref(),
             ..LoadOptions::default()
         };

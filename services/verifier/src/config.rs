@@ -47,6 +47,12 @@ pub struct Args {
     /// pin it to compare machines or to rule a kernel out.
     #[arg(long)]
     pub isa: Option<specmesh_model::Isa>,
+    /// What the KV cache stores K and V as: f16 (half the memory of f32,
+    /// so `--kv-budget-mib` holds twice the tokens, and half the attention
+    /// reads per step) or f32. Outputs are exact either way in that
+    /// speculation never changes them; the two types round differently.
+    #[arg(long, default_value_t = specmesh_model::KvDtype::default())]
+    pub kv_dtype: specmesh_model::KvDtype,
     /// Memory for KV caches (MiB): running sessions' reservations and the
     /// prefix cache together; the prefix cache's least recently used
     /// blocks make room.
@@ -142,6 +148,7 @@ pub struct Config {
     pub model_sha256: Option<specmesh_catalog::Sha256>,
     pub threads: Option<usize>,
     pub isa: Option<specmesh_model::Isa>,
+    pub kv_dtype: specmesh_model::KvDtype,
     pub kv_budget_bytes: u64,
     pub max_batch: usize,
     pub batch_window: Duration,
@@ -216,6 +223,7 @@ impl TryFrom<Args> for Config {
             model_sha256: a.model_sha256,
             threads: a.threads,
             isa: a.isa,
+            kv_dtype: a.kv_dtype,
             kv_budget_bytes: a.kv_budget_mib << 20,
             max_batch: a.max_batch,
             batch_window: Duration::from_micros(a.batch_window_us),

@@ -79,14 +79,15 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
         model: model_path.clone(),
         ..config
     };
-    let (threads, isa) = (config.threads, config.isa);
+    let opts = (config.threads, config.isa, config.kv_dtype);
     let (model, eos, vocab_fingerprint, grammars) =
-        tokio::task::spawn_blocking(move || load(&model_path, threads, isa)).await??;
+        tokio::task::spawn_blocking(move || load(&model_path, opts)).await??;
     let memory = specmesh_model::process::memory_line(model.weight_bytes());
     println!(
-        "specmesh-verifier: model {} loaded ({} kernels): {memory}",
+        "specmesh-verifier: model {} loaded ({} kernels, {} KV): {memory}",
         config.model.display(),
-        model.kernels()
+        model.kernels(),
+        model.kv_dtype()
     );
     tracing::info!(model = %config.model.display(), %memory, kernels = %model.kernels(), "model loaded");
     let model = Arc::new(model);
@@ -208,12 +209,16 @@ impl Drain for Sessions {
 /// its grammar compiler.
 fn load(
     path: &Path,
-    threads: Option<usize>,
-    isa: Option<specmesh_model::Isa>,
+    (threads, isa, kv_dtype): (
+        Option<usize>,
+        Option<specmesh_model::Isa>,
+        specmesh_model::KvDtype,
+    ),
 ) -> anyhow::Result<(Model, Vec<u32>, u64, Grammars)> {
     let opts = LoadOptions {
         threads,
         isa,
+        kv_dtype,
         ..LoadOptions::default()
     };
     let model = Model::load(path, &opts)

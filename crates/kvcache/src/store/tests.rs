@@ -6,8 +6,8 @@ use crate::hash::block_hashes;
 const B: usize = 4;
 const BYTES: u64 = 10;
 
-fn data(tag: f32) -> Vec<f32> {
-    vec![tag; 3]
+fn data(tag: f32) -> Vec<u8> {
+    tag.to_ne_bytes().repeat(3)
 }
 
 /// Caches every full block of `tokens` in `scope`; returns how many.

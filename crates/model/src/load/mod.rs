@@ -31,6 +31,8 @@ pub struct LoadOptions<'a> {
     /// (FR-Spec: its most frequent tokens); `None` scores the whole
     /// vocabulary.
     pub head_tokens: Option<&'a [u32]>,
+    /// What sequences store K and V as (default f16).
+    pub kv_dtype: crate::KvDtype,
 }
 
 impl std::fmt::Debug for LoadOptions<'_> {
@@ -40,6 +42,7 @@ impl std::fmt::Debug for LoadOptions<'_> {
             .field("isa", &self.isa)
             .field("dequantize", &self.dequantize)
             .field("head_tokens", &self.head_tokens.map(<[u32]>::len))
+            .field("kv_dtype", &self.kv_dtype)
             .finish_non_exhaustive()
     }
 }

@@ -282,6 +282,7 @@ pub fn model_config(layers: Option<usize>) -> DraftModelConfig {
         target_tokenizer: Some(model_path()),
         threads: Some(2),
         isa: None,
+        kv_dtype: Default::default(),
         max_sessions: 4,
         kv_budget_bytes: 64 << 20,
         draft_ahead: false,
