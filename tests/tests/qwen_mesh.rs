@@ -24,7 +24,7 @@ async fn the_1_5b_serves_greedy_output_identical_with_and_without_speculation() 
     let model = std::path::Path::new("qwen2.5-coder-1.5b");
     let mesh = Mesh::start_model(model, COST_CURVE, 1, 1, &[]);
 
-    // "specmesh-verifier: model … loaded (avx512-vnni kernels): weights 1132 MB, resident 1308 MB"
+    // "specmesh-verifier: model … loaded (avx512-vnni; 512-bit Q4_K 1-8 rows, … kernels, f32 KV): weights 1132 MB, resident 1308 MB"
     let line = mesh
         .startup
         .iter()

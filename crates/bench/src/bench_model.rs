@@ -45,7 +45,7 @@ pub struct Args {
     ks: Vec<usize>,
     /// Contexts of the 1-token step at long context (filled with zero K/V
     /// rather than prefilled; contexts the model cannot hold are skipped;
-    /// empty: none).
+    /// `0`: none).
     #[arg(long, value_delimiter = ',', default_value = "512,4096,16384")]
     step_contexts: Vec<usize>,
     /// Repetitions per measurement (the median is reported).

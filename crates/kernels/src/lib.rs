@@ -49,6 +49,7 @@ mod tile_plan;
 #[cfg(target_arch = "x86_64")]
 mod tiles;
 pub mod vec;
+mod width_plan;
 
 pub use act::{BlockQ8, BlockQ8K, QuantizedRows};
 pub use format::{BLOCK, QFormat, SUPER_BLOCK, WeightLayoutError};
@@ -56,3 +57,4 @@ pub use isa::{Isa, UnknownIsa};
 pub use matmul::{QMatrix, Weights};
 pub use threads::ThreadPool;
 pub use tile_plan::{FormatPlan, RowSet, TilePlan, tile_plan};
+pub use width_plan::{WidthFormat, WidthPlan, width_plan};

@@ -299,9 +299,13 @@ impl QMatrix {
         #[cfg(not(target_arch = "x86_64"))]
         let kernel: Option<fn()> = None;
         #[cfg(target_arch = "x86_64")]
-        let (pair, pair_min_rows) = match crate::packed_kquant_512::pair_fn(isa, format) {
-            Some(f) => (Some(f), crate::packed_kquant_512::MIN_ROWS),
-            None => (crate::packed_blocks32_512::pair_fn(isa, format), 1),
+        let pair = crate::packed_kquant_512::pair_fn(isa, format)
+            .or_else(|| crate::packed_blocks32_512::pair_fn(isa, format));
+        // Which row counts the pair kernel takes, measured per CPU.
+        #[cfg(target_arch = "x86_64")]
+        let pair_rows = match pair {
+            Some(_) => crate::width_plan::width_plan().rows(format),
+            None => crate::tile_plan::RowSet::EMPTY,
         };
         #[cfg(target_arch = "x86_64")]
         let amx = tiles.kernel.filter(|_| !tiles.rows.is_empty());
@@ -345,7 +349,7 @@ impl QMatrix {
                     // The 512-bit pair kernels have registers for 8 rows.
                     let t = (rows.end - r).min(8);
                     #[cfg(target_arch = "x86_64")]
-                    if span == 2 && t >= pair_min_rows {
+                    if span == 2 && pair_rows.contains(t) {
                         // SAFETY: `data` is this matrix's packed storage with
                         // `nb` blocks per row and groups g, g + 1 exist; rows
                         // r..r+t exist in `acts`; `isa` is supported.

@@ -32,16 +32,16 @@ use crate::packed_x86::{
     store_pair,
 };
 
-/// Activation rows from which a call uses these kernels: every call. With
-/// one or two rows each row's products go to four independent partial sums
-/// ([`CHAINS`]); before that, one row left each `vpdpbusd` waiting on the
-/// last and the AVX2 kernels were faster below 5 rows. Measured on the 1.5B
-/// (`bench-model --model qwen2.5-coder-1.5b --contexts 512 --ks 1,2,4,8,16`,
-/// Intel Xeon, 2 threads, two runs each, interleaved): k=1 61.2 / 64.2 ms
-/// before, 53.8 / 51.9 ms after; k=2 71.2 / 72.4 before, 58.3 / 56.6 after;
-/// k=4 87.9 / 85.7 before, 62.7 / 75.4 after; greedy decode 15.2 / 14.9
-/// tok/s before, 21.4 / 20.0 after.
-pub(crate) const MIN_ROWS: usize = 1;
+// With one or two activation rows each row's products go to four
+// independent partial sums ([`CHAINS`]); before that, one row left each
+// `vpdpbusd` waiting on the last and the AVX2 kernels were faster below 5
+// rows. Measured on the 1.5B (`bench-model --model qwen2.5-coder-1.5b
+// --contexts 512 --ks 1,2,4,8,16`, Intel Xeon, 2 threads, two runs each,
+// interleaved): k=1 61.2 / 64.2 ms before, 53.8 / 51.9 ms after; k=2 71.2 /
+// 72.4 before, 58.3 / 56.6 after; k=4 87.9 / 85.7 before, 62.7 / 75.4
+// after; greedy decode 15.2 / 14.9 tok/s before, 21.4 / 20.0 after. Which
+// row counts take these kernels on a given CPU is measured at load
+// (`crate::width_plan`).
 
 /// Four activation bytes starting at `at`, broadcast to every 32-bit lane.
 ///

@@ -52,7 +52,7 @@ impl RowSet {
         self.0 == 0
     }
 
-    fn insert(&mut self, t: usize) {
+    pub(crate) fn insert(&mut self, t: usize) {
         assert!((1..=RowSet::MAX_ROWS).contains(&t), "row counts are 1..=16");
         self.0 |= 1 << t;
     }
@@ -326,10 +326,10 @@ fn measure_format(format: QFormat, tiles: crate::tiles::AmxPairsFn) -> FormatPla
 
 /// A small deterministic generator for the synthetic weights (`rand` is a
 /// test dependency only).
-struct SplitMix(u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -340,7 +340,12 @@ impl SplitMix {
 
 /// GGML rows of `format` with random values, bits and scales, and the
 /// block scales (d, m, dmin) in the range real weights have.
-fn synthetic_rows(format: QFormat, rows: usize, cols: usize, rng: &mut SplitMix) -> Vec<u8> {
+pub(crate) fn synthetic_rows(
+    format: QFormat,
+    rows: usize,
+    cols: usize,
+    rng: &mut SplitMix,
+) -> Vec<u8> {
     let f16 = |v: f32| half::f16::from_f32(v).to_bits().to_le_bytes();
     let mut data = vec![0u8; rows * format.row_bytes(cols)];
     for blk in data.chunks_exact_mut(format.block_bytes()) {

@@ -57,6 +57,10 @@ impl Model {
             // process; here, so that the first forward does not pay for it.
             specmesh_kernels::tile_plan();
         }
+        if matches!(isa, Isa::Avx512Vnni | Isa::AmxInt8) {
+            // So is which take the 512-bit kernels over the 256-bit ones.
+            specmesh_kernels::width_plan();
+        }
         let mut weights = load_weights(path, opts)?;
         weights.head_tokens = opts.head_tokens.map(Arc::from);
         let rope = Rope::new(&weights.config, weights.rope_freq_factors.as_deref());
@@ -87,12 +91,19 @@ impl Model {
         self.isa
     }
 
-    /// The kernels in words, for startup lines: the ISA, and on
-    /// `Isa::AmxInt8` which calls take tiles (`amx-int8; Q4_K tiles for
-    /// 2-16 rows, …`).
+    /// The kernels in words, for startup lines: the ISA, on `Isa::AmxInt8`
+    /// which calls take tiles (`amx-int8; Q4_K tiles for 2-16 rows, …`),
+    /// and with AVX-512 which take the 512-bit kernels (`512-bit Q4_K 1-8
+    /// rows, …`).
     pub fn kernels(&self) -> String {
         match self.isa {
-            Isa::AmxInt8 => format!("{}; {}", self.isa, specmesh_kernels::tile_plan()),
+            Isa::AmxInt8 => format!(
+                "{}; {}; {}",
+                self.isa,
+                specmesh_kernels::tile_plan(),
+                specmesh_kernels::width_plan()
+            ),
+            Isa::Avx512Vnni => format!("{}; {}", self.isa, specmesh_kernels::width_plan()),
             isa => isa.to_string(),
         }
     }
