@@ -46,6 +46,11 @@ pub(crate) const RANGE: usize = 512;
 /// prompt at a long context has many ranges per query).
 const PASS_TOKENS: usize = 32;
 
+/// Queries × (range, group) pairs up to which the combining pass runs on
+/// the calling thread: a 1-token step's few partial results take less time
+/// than handing them to the pool and waiting for it (a barrier per layer).
+const COMBINE_ALONE: usize = 256;
+
 /// What one layer's attention needs to know about one batch item.
 pub(crate) struct Item<'a> {
     pub seq: &'a Sequence,
@@ -177,9 +182,14 @@ pub(crate) fn run(
         });
         let queries: usize = windows.iter().map(|w| w.n * shape.n_heads).sum();
         let partials = &*partials;
-        pool.for_ranges(queries, &|range| {
-            combine(items, windows, partials, shape, out, range);
-        });
+        if queries * triples <= COMBINE_ALONE {
+            // A few hundred values: cheaper than waking the pool again.
+            combine(items, windows, partials, shape, out, 0..queries);
+        } else {
+            pool.for_ranges(queries, &|range| {
+                combine(items, windows, partials, shape, out, range);
+            });
+        }
     }
 }
 
