@@ -89,8 +89,8 @@ pub struct Args {
     /// the CPU lacks is refused at start.
     #[arg(long)]
     pub draft_model_isa: Option<specmesh_model::Isa>,
-    /// What the draft model's KV cache stores K and V as: f16 or f32
-    /// (default f16).
+    /// What the draft model's KV cache stores K and V as: f16 (half the
+    /// memory per token) or f32 (default).
     #[arg(long)]
     pub draft_model_kv_dtype: Option<specmesh_model::KvDtype>,
     /// Sessions that draft with the model at once, at most; later ones

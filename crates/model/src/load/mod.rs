@@ -31,7 +31,7 @@ pub struct LoadOptions<'a> {
     /// (FR-Spec: its most frequent tokens); `None` scores the whole
     /// vocabulary.
     pub head_tokens: Option<&'a [u32]>,
-    /// What sequences store K and V as (default f16).
+    /// What sequences store K and V as (default f32).
     pub kv_dtype: crate::KvDtype,
 }
 
