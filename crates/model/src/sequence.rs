@@ -171,6 +171,9 @@ impl Sequence {
             )));
         }
         let n = data.len() / per;
+        if n == 0 {
+            return Ok(());
+        }
         self.reserve(n)?;
         let (d, at) = (self.kv_dim, self.len * self.kv_dim);
         let mut chunks = data.chunks_exact(n * d * self.dtype.bytes());

@@ -315,6 +315,13 @@ fn misuse_is_reported_not_panicked() {
         Err(ModelError::LayerMismatch { seq: 30, model: 4 })
     ));
     assert!(m.truncated(0).is_err() && m.truncated(31).is_err());
+    // Importing KV: nothing is a no-op, a partial token is refused.
+    seq.import(&[]).unwrap();
+    assert_eq!(seq.len(), 2);
+    assert!(matches!(
+        seq.import(&[0u8; 3]),
+        Err(ModelError::InvalidCommit(_))
+    ));
 }
 
 #[test]
