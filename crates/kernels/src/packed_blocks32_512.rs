@@ -1,5 +1,5 @@
 //! AVX-512 VNNI kernels over two adjacent 8-row packed groups of the
-//! 32-input formats (Q4_0, Q4_1, Q8_0; layouts in `packed::blocks32`): 16
+//! 32-input formats (Q4_0, Q4_1, Q5_0, Q8_0; layouts in `packed::blocks32`): 16
 //! output rows per 512-bit register and up to 8 activation rows per call.
 //! The K-quants' are in `packed_kquant_512`, the shared helpers (loads,
 //! prefetch, stores) and the 256-bit kernels in `packed_x86`.
@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 use crate::act::{BlockQ8, QuantizedRows};
 use crate::format::QFormat;
 use crate::isa::Isa;
+use crate::packed::blocks32::{Q5_0_BITS, Q5_0_NIBBLES};
 use crate::packed::group_block_bytes;
 use crate::packed_x86::{
     GroupOut, PairFn, halves_pair, load_pair, pair_blocks_ahead, pair_entry, prefetch_block,
@@ -194,16 +195,103 @@ unsafe fn q8_0_pair<const T: usize>(
     }
 }
 
+/// Q5_0's fifth bits of chunk c, half s (bit `bit` = 2c + s of each byte
+/// of the plane), moved to bit 4: `packed_kquant_x86`'s `q5_fifth` on
+/// 512-bit registers (16-bit shifts keep each byte's bits in the byte the
+/// mask reads).
+///
+/// # Safety
+/// The CPU must support AVX-512 BW (callers are the entry points below).
+#[inline(always)]
+unsafe fn q5_fifth_512(h: __m512i, bit: usize) -> __m512i {
+    unsafe {
+        let m = _mm512_set1_epi8(0x10);
+        match bit {
+            0 => _mm512_and_si512(_mm512_slli_epi16(h, 4), m),
+            1 => _mm512_and_si512(_mm512_slli_epi16(h, 3), m),
+            2 => _mm512_and_si512(_mm512_slli_epi16(h, 2), m),
+            3 => _mm512_and_si512(_mm512_slli_epi16(h, 1), m),
+            4 => _mm512_and_si512(h, m),
+            5 => _mm512_and_si512(_mm512_srli_epi16(h, 1), m),
+            6 => _mm512_and_si512(_mm512_srli_epi16(h, 2), m),
+            _ => _mm512_and_si512(_mm512_srli_epi16(h, 3), m),
+        }
+    }
+}
+
+/// Two adjacent 8-row groups of packed Q5_0 rows · `T` activation rows
+/// in 512-bit registers (see [`PairFn`]). Per lane the steps of the AVX2
+/// kernel (`packed_kquant_x86::q5_0_group`): the same exact integer sum
+/// (`vpdpbusd` in place of `vpmaddubsw` + `vpmaddwd`, neither of which
+/// saturates here), the −16 offset through the activation sum, one fused
+/// multiply-add; so Q5_0 results are bit-identical on every ISA.
+///
+/// # Safety
+/// `data` must be a packed Q5_0 matrix of `nb` blocks per row with at
+/// least `g + 2` groups, rows `r0..r0 + T` must exist in `acts` with `nb`
+/// blocks each, and the CPU must support AVX-512 VNNI, BW and VL (callers
+/// are the `#[target_feature]` entry points below).
+#[inline(always)]
+unsafe fn q5_0_pair<const T: usize>(
+    data: &[u8],
+    nb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut [GroupOut; 2],
+) {
+    const GBB: usize = group_block_bytes(QFormat::Q5_0);
+    unsafe {
+        let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
+        let base0 = data.as_ptr().add(g * nb * GBB);
+        let base1 = base0.add(nb * GBB);
+        let m4 = _mm512_set1_epi8(0x0f);
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..nb {
+            let (p0, p1) = (base0.add(b * GBB), base1.add(b * GBB));
+            prefetch_block::<GBB>(p0, pair_blocks_ahead::<GBB>(b, nb));
+            prefetch_block::<GBB>(p1, pair_blocks_ahead::<GBB>(b, nb));
+            let h = load_pair(p0.add(Q5_0_BITS), p1.add(Q5_0_BITS));
+            let mut isum = [_mm512_setzero_si512(); T];
+            for c in 0..4 {
+                let w = load_pair(p0.add(Q5_0_NIBBLES + 32 * c), p1.add(Q5_0_NIBBLES + 32 * c));
+                let lo = _mm512_or_si512(_mm512_and_si512(w, m4), q5_fifth_512(h, 2 * c));
+                let hi = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16(w, 4), m4),
+                    q5_fifth_512(h, 2 * c + 1),
+                );
+                for t in 0..T {
+                    let a = rows[t].get_unchecked(b);
+                    isum[t] = _mm512_dpbusd_epi32(isum[t], lo, bcast4_512(a, 4 * c));
+                    isum[t] = _mm512_dpbusd_epi32(isum[t], hi, bcast4_512(a, 16 + 4 * c));
+                }
+            }
+            let dv = halves_pair(p0, p1);
+            for t in 0..T {
+                let a = rows[t].get_unchecked(b);
+                let v = _mm512_sub_epi32(isum[t], _mm512_set1_epi32(16 * a.qsum));
+                let scale = _mm512_mul_ps(dv, _mm512_set1_ps(a.d));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc[t]);
+            }
+        }
+        for t in 0..T {
+            store_pair(acc[t], out, t);
+        }
+    }
+}
+
 pair_entry!(q4_1_pair, q4_1_pair_512);
 pair_entry!(q8_0_pair, q8_0_pair_512);
 pair_entry!(q4_0_pair, q4_0_pair_512);
+pair_entry!(q5_0_pair, q5_0_pair_512);
 
-/// The two-group kernel for Q4_0, Q4_1 or Q8_0, on AVX-512 VNNI only.
+/// The two-group kernel for Q4_0, Q4_1, Q5_0 or Q8_0, on AVX-512 VNNI only.
 pub(crate) fn pair_fn(isa: Isa, fmt: QFormat) -> Option<PairFn> {
     match (isa, fmt) {
         (Isa::Avx512Vnni | Isa::AmxInt8, QFormat::Q4_1) => Some(q4_1_pair_512),
         (Isa::Avx512Vnni | Isa::AmxInt8, QFormat::Q8_0) => Some(q8_0_pair_512),
         (Isa::Avx512Vnni | Isa::AmxInt8, QFormat::Q4_0) => Some(q4_0_pair_512),
+        (Isa::Avx512Vnni | Isa::AmxInt8, QFormat::Q5_0) => Some(q5_0_pair_512),
         _ => None,
     }
 }

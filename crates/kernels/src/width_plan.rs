@@ -117,6 +117,7 @@ fn measure() -> WidthPlan {
             QFormat::Q4_1,
             QFormat::Q8_0,
             QFormat::Q4_0,
+            QFormat::Q5_0,
         ];
         WidthPlan {
             formats: formats.into_iter().map(measure_format).collect(),
@@ -259,7 +260,7 @@ mod tests {
             );
             assert!((1..=PAIR_ROWS).all(|t| p.ratio[t].is_finite() && p.ratio[t] > 0.0));
         }
-        assert_eq!(plan.formats.len(), 5);
+        assert_eq!(plan.formats.len(), 6);
     }
 
     #[test]
