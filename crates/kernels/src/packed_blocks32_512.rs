@@ -85,62 +85,6 @@ unsafe fn q4_1_pair<const T: usize>(
     }
 }
 
-/// Two adjacent 8-row groups of packed Q4_0 rows · `T` activation rows
-/// in 512-bit registers (see [`PairFn`]). Per lane the steps of the AVX2
-/// kernel (`packed_kquant_x86::q4_0_group`): the same exact integer sum,
-/// the −8 offset through the activation sum, one fused multiply-add; so
-/// Q4_0 results are bit-identical on every ISA.
-///
-/// # Safety
-/// `data` must be a packed Q4_0 matrix of `nb` blocks per row with at
-/// least `g + 2` groups, rows `r0..r0 + T` must exist in `acts` with `nb`
-/// blocks each, and the CPU must support AVX-512 VNNI, BW and VL (callers
-/// are the `#[target_feature]` entry points below).
-#[inline(always)]
-unsafe fn q4_0_pair<const T: usize>(
-    data: &[u8],
-    nb: usize,
-    g: usize,
-    acts: &QuantizedRows,
-    r0: usize,
-    out: &mut [GroupOut; 2],
-) {
-    const GBB: usize = group_block_bytes(QFormat::Q4_0);
-    unsafe {
-        let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
-        let base0 = data.as_ptr().add(g * nb * GBB);
-        let base1 = base0.add(nb * GBB);
-        let m4 = _mm512_set1_epi8(0x0f);
-        let mut acc = [_mm512_setzero_ps(); T];
-        for b in 0..nb {
-            let (p0, p1) = (base0.add(b * GBB), base1.add(b * GBB));
-            prefetch_block::<GBB>(p0, pair_blocks_ahead::<GBB>(b, nb));
-            prefetch_block::<GBB>(p1, pair_blocks_ahead::<GBB>(b, nb));
-            let mut isum = [_mm512_setzero_si512(); T];
-            for c in 0..4 {
-                let w = load_pair(p0.add(16 + 32 * c), p1.add(16 + 32 * c));
-                let lo = _mm512_and_si512(w, m4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-                for t in 0..T {
-                    let a = rows[t].get_unchecked(b);
-                    isum[t] = _mm512_dpbusd_epi32(isum[t], lo, bcast4_512(a, 4 * c));
-                    isum[t] = _mm512_dpbusd_epi32(isum[t], hi, bcast4_512(a, 16 + 4 * c));
-                }
-            }
-            let dv = halves_pair(p0, p1);
-            for t in 0..T {
-                let a = rows[t].get_unchecked(b);
-                let v = _mm512_sub_epi32(isum[t], _mm512_set1_epi32(8 * a.qsum));
-                let scale = _mm512_mul_ps(dv, _mm512_set1_ps(a.d));
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc[t]);
-            }
-        }
-        for t in 0..T {
-            store_pair(acc[t], out, t);
-        }
-    }
-}
-
 /// Two adjacent 8-row groups of packed Q8_0 rows · `T` activation rows
 /// in 512-bit registers (see [`PairFn`]).
 ///
@@ -219,20 +163,22 @@ unsafe fn q5_fifth_512(h: __m512i, bit: usize) -> __m512i {
     }
 }
 
-/// Two adjacent 8-row groups of packed Q5_0 rows · `T` activation rows
-/// in 512-bit registers (see [`PairFn`]). Per lane the steps of the AVX2
-/// kernel (`packed_kquant_x86::q5_0_group`): the same exact integer sum
-/// (`vpdpbusd` in place of `vpmaddubsw` + `vpmaddwd`, neither of which
-/// saturates here), the −16 offset through the activation sum, one fused
-/// multiply-add; so Q5_0 results are bit-identical on every ISA.
+/// Two adjacent 8-row groups of packed Q4_0 (`Q5` false) or Q5_0 (`Q5`
+/// true) rows · `T` activation rows in 512-bit registers (see
+/// [`PairFn`]). Per lane the steps of the AVX2 kernels
+/// (`packed_kquant_x86::q4_0_group` and `q5_0_group`): the same exact
+/// integer sum (`vpdpbusd` in place of `vpmaddubsw` + `vpmaddwd`, neither
+/// of which saturates here), the −8 or −16 offset through the activation
+/// sum, one fused multiply-add; so results are bit-identical on every ISA.
 ///
 /// # Safety
-/// `data` must be a packed Q5_0 matrix of `nb` blocks per row with at
-/// least `g + 2` groups, rows `r0..r0 + T` must exist in `acts` with `nb`
-/// blocks each, and the CPU must support AVX-512 VNNI, BW and VL (callers
-/// are the `#[target_feature]` entry points below).
+/// `data` must be a packed Q4_0 or Q5_0 matrix (as `Q5` says) of `nb`
+/// blocks per row with at least `g + 2` groups, rows `r0..r0 + T` must
+/// exist in `acts` with `nb` blocks each, and the CPU must support
+/// AVX-512 VNNI, BW and VL (callers are the `#[target_feature]` entry
+/// points below).
 #[inline(always)]
-unsafe fn q5_0_pair<const T: usize>(
+unsafe fn offset_pair<const Q5: bool, const T: usize>(
     data: &[u8],
     nb: usize,
     g: usize,
@@ -240,26 +186,42 @@ unsafe fn q5_0_pair<const T: usize>(
     r0: usize,
     out: &mut [GroupOut; 2],
 ) {
-    const GBB: usize = group_block_bytes(QFormat::Q5_0);
+    let (gbb, nibbles, offset) = if Q5 {
+        (group_block_bytes(QFormat::Q5_0), Q5_0_NIBBLES, 16)
+    } else {
+        (group_block_bytes(QFormat::Q4_0), 16, 8)
+    };
     unsafe {
         let rows: [&[BlockQ8]; T] = std::array::from_fn(|t| acts.row(r0 + t));
-        let base0 = data.as_ptr().add(g * nb * GBB);
-        let base1 = base0.add(nb * GBB);
+        let base0 = data.as_ptr().add(g * nb * gbb);
+        let base1 = base0.add(nb * gbb);
         let m4 = _mm512_set1_epi8(0x0f);
         let mut acc = [_mm512_setzero_ps(); T];
         for b in 0..nb {
-            let (p0, p1) = (base0.add(b * GBB), base1.add(b * GBB));
-            prefetch_block::<GBB>(p0, pair_blocks_ahead::<GBB>(b, nb));
-            prefetch_block::<GBB>(p1, pair_blocks_ahead::<GBB>(b, nb));
-            let h = load_pair(p0.add(Q5_0_BITS), p1.add(Q5_0_BITS));
+            let (p0, p1) = (base0.add(b * gbb), base1.add(b * gbb));
+            if Q5 {
+                const GBB: usize = group_block_bytes(QFormat::Q5_0);
+                prefetch_block::<GBB>(p0, pair_blocks_ahead::<GBB>(b, nb));
+                prefetch_block::<GBB>(p1, pair_blocks_ahead::<GBB>(b, nb));
+            } else {
+                const GBB: usize = group_block_bytes(QFormat::Q4_0);
+                prefetch_block::<GBB>(p0, pair_blocks_ahead::<GBB>(b, nb));
+                prefetch_block::<GBB>(p1, pair_blocks_ahead::<GBB>(b, nb));
+            }
+            let h = if Q5 {
+                load_pair(p0.add(Q5_0_BITS), p1.add(Q5_0_BITS))
+            } else {
+                _mm512_setzero_si512()
+            };
             let mut isum = [_mm512_setzero_si512(); T];
             for c in 0..4 {
-                let w = load_pair(p0.add(Q5_0_NIBBLES + 32 * c), p1.add(Q5_0_NIBBLES + 32 * c));
-                let lo = _mm512_or_si512(_mm512_and_si512(w, m4), q5_fifth_512(h, 2 * c));
-                let hi = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16(w, 4), m4),
-                    q5_fifth_512(h, 2 * c + 1),
-                );
+                let w = load_pair(p0.add(nibbles + 32 * c), p1.add(nibbles + 32 * c));
+                let mut lo = _mm512_and_si512(w, m4);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                if Q5 {
+                    lo = _mm512_or_si512(lo, q5_fifth_512(h, 2 * c));
+                    hi = _mm512_or_si512(hi, q5_fifth_512(h, 2 * c + 1));
+                }
                 for t in 0..T {
                     let a = rows[t].get_unchecked(b);
                     isum[t] = _mm512_dpbusd_epi32(isum[t], lo, bcast4_512(a, 4 * c));
@@ -269,7 +231,7 @@ unsafe fn q5_0_pair<const T: usize>(
             let dv = halves_pair(p0, p1);
             for t in 0..T {
                 let a = rows[t].get_unchecked(b);
-                let v = _mm512_sub_epi32(isum[t], _mm512_set1_epi32(16 * a.qsum));
+                let v = _mm512_sub_epi32(isum[t], _mm512_set1_epi32(offset * a.qsum));
                 let scale = _mm512_mul_ps(dv, _mm512_set1_ps(a.d));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc[t]);
             }
@@ -278,6 +240,32 @@ unsafe fn q5_0_pair<const T: usize>(
             store_pair(acc[t], out, t);
         }
     }
+}
+
+#[inline(always)]
+unsafe fn q4_0_pair<const T: usize>(
+    data: &[u8],
+    nb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut [GroupOut; 2],
+) {
+    // SAFETY: the caller's contract, for Q4_0.
+    unsafe { offset_pair::<false, T>(data, nb, g, acts, r0, out) }
+}
+
+#[inline(always)]
+unsafe fn q5_0_pair<const T: usize>(
+    data: &[u8],
+    nb: usize,
+    g: usize,
+    acts: &QuantizedRows,
+    r0: usize,
+    out: &mut [GroupOut; 2],
+) {
+    // SAFETY: the caller's contract, for Q5_0.
+    unsafe { offset_pair::<true, T>(data, nb, g, acts, r0, out) }
 }
 
 pair_entry!(q4_1_pair, q4_1_pair_512);

@@ -230,26 +230,11 @@ const ROUNDS: usize = 3;
 /// `QMatrix::forward`: the matmul asks this plan which kernel to use.)
 #[cfg(target_arch = "x86_64")]
 fn measure_format(format: QFormat, tiles: crate::tiles::AmxPairsFn) -> FormatPlan {
-    use crate::packed::{self, GROUP};
+    use crate::packed::GROUP;
     let vnni = crate::packed_kquant_512::pair_fn(Isa::Avx512Vnni, format)
         .or_else(|| crate::packed_blocks32_512::pair_fn(Isa::Avx512Vnni, format))
         .expect("every format with a tile kernel has a VNNI pair kernel");
-    let mut rng = SplitMix(0x5eed ^ format as u64);
-    let data = packed::pack(
-        format,
-        ROWS,
-        COLS,
-        &synthetic_rows(format, ROWS, COLS, &mut rng),
-    );
-    let x: Vec<f32> = (0..RowSet::MAX_ROWS * COLS)
-        .map(|_| (rng.next() % 4001) as f32 / 1000.0 - 2.0)
-        .collect();
-    let mut acts = QuantizedRows::default();
-    if format.super_block_activations() {
-        acts.quantize_k(&x, COLS);
-    } else {
-        acts.quantize(&x, COLS);
-    }
+    let (data, acts) = synthetic_call(format, (ROWS, COLS), RowSet::MAX_ROWS, 0x5eed);
     let (nb, pairs) = (COLS / format.block_len(), ROWS / GROUP / 2);
     let mut plan = FormatPlan {
         format,
@@ -336,6 +321,33 @@ impl SplitMix {
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
     }
+}
+
+/// A packed synthetic `rows × cols` matrix of `format` and `acts` random
+/// activation rows quantized for it: what the kernel plans time.
+pub(crate) fn synthetic_call(
+    format: QFormat,
+    (rows, cols): (usize, usize),
+    acts: usize,
+    seed: u64,
+) -> (Vec<u8>, QuantizedRows) {
+    let mut rng = SplitMix(seed ^ format as u64);
+    let data = crate::packed::pack(
+        format,
+        rows,
+        cols,
+        &synthetic_rows(format, rows, cols, &mut rng),
+    );
+    let x: Vec<f32> = (0..acts * cols)
+        .map(|_| (rng.next() % 4001) as f32 / 1000.0 - 2.0)
+        .collect();
+    let mut q = QuantizedRows::default();
+    if format.super_block_activations() {
+        q.quantize_k(&x, cols);
+    } else {
+        q.quantize(&x, cols);
+    }
+    (data, q)
 }
 
 /// GGML rows of `format` with random values, bits and scales, and the

@@ -20,10 +20,9 @@ use std::fmt;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::act::QuantizedRows;
 use crate::format::QFormat;
 use crate::isa::Isa;
-use crate::tile_plan::{RowSet, SplitMix, synthetic_rows};
+use crate::tile_plan::{RowSet, synthetic_call};
 
 /// How much faster the 256-bit kernel must be to take a row count.
 pub const MIN_GAIN: f64 = 0.05;
@@ -139,29 +138,14 @@ const ROUNDS: usize = 3;
 /// call, one thread, and compares their bits.
 #[cfg(target_arch = "x86_64")]
 fn measure_format(format: QFormat) -> WidthFormat {
-    use crate::packed::{self, GROUP};
+    use crate::packed::GROUP;
     let isa = Isa::Avx512Vnni;
     let pair = crate::packed_kquant_512::pair_fn(isa, format)
         .or_else(|| crate::packed_blocks32_512::pair_fn(isa, format))
         .expect("measured formats have a 512-bit pair kernel");
     let group = crate::packed_kquant_x86::group_fn(format)
         .unwrap_or_else(|| crate::packed_x86::group_fn(isa, format));
-    let mut rng = SplitMix(0x3141 ^ format as u64);
-    let data = packed::pack(
-        format,
-        ROWS,
-        COLS,
-        &synthetic_rows(format, ROWS, COLS, &mut rng),
-    );
-    let x: Vec<f32> = (0..PAIR_ROWS * COLS)
-        .map(|_| (rng.next() % 4001) as f32 / 1000.0 - 2.0)
-        .collect();
-    let mut acts = QuantizedRows::default();
-    if format.super_block_activations() {
-        acts.quantize_k(&x, COLS);
-    } else {
-        acts.quantize(&x, COLS);
-    }
+    let (data, acts) = synthetic_call(format, (ROWS, COLS), PAIR_ROWS, 0x3141);
     let (nb, groups) = (COLS / format.block_len(), ROWS / GROUP);
     let mut plan = WidthFormat {
         format,

@@ -99,17 +99,7 @@ fn trees_and_batches_are_exact_across_attention_key_ranges() {
                 Block::tree(t, par, n).unwrap()
             })
             .collect();
-        let alone: Vec<_> = bases
-            .iter()
-            .zip(&blocks)
-            .map(|(b, blk)| m.forward(&mut b.clone(), blk).unwrap())
-            .collect();
-        let mut seqs = bases.clone();
-        let mut batch: Vec<(&mut Sequence, &Block)> = seqs.iter_mut().zip(&blocks).collect();
-        let together = m.forward_batch(&mut batch).unwrap();
-        for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
-            assert_eq!(bits(a.as_slice()), bits(t.as_slice()), "sequence {i}");
-        }
+        same_alone_and_batched(m, &bases, &blocks);
     });
 }
 
@@ -247,13 +237,19 @@ fn batch_matches_alone(m: &Model) {
             }
         })
         .collect();
+    same_alone_and_batched(m, &bases, &blocks);
+}
+
+/// Each of `blocks` on a copy of its base gives the bits it gives when
+/// all run in one batch.
+fn same_alone_and_batched(m: &Model, bases: &[Sequence], blocks: &[Block]) {
     let alone: Vec<_> = bases
         .iter()
-        .zip(&blocks)
+        .zip(blocks)
         .map(|(b, blk)| m.forward(&mut b.clone(), blk).unwrap())
         .collect();
-    let mut seqs: Vec<Sequence> = bases.clone();
-    let mut batch: Vec<(&mut Sequence, &Block)> = seqs.iter_mut().zip(&blocks).collect();
+    let mut seqs: Vec<Sequence> = bases.to_vec();
+    let mut batch: Vec<(&mut Sequence, &Block)> = seqs.iter_mut().zip(blocks).collect();
     let together = m.forward_batch(&mut batch).unwrap();
     for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
         assert_eq!(bits(a.as_slice()), bits(t.as_slice()), "sequence {i}");
