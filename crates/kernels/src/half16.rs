@@ -55,6 +55,38 @@ pub fn widen(src: &[u16], dst: &mut [f32]) {
     widen_portable(src, dst);
 }
 
+/// [`widen`], asking for the source `ahead` bytes on as it goes (a hint:
+/// the result is the same). Attention widens each chunk of an f16 cache
+/// just before it uses it; asking for the next chunk line by line while
+/// this one converts keeps a steady stream of reads in flight.
+pub fn widen_ahead(src: &[u16], dst: &mut [f32], ahead: usize) {
+    assert_eq!(src.len(), dst.len(), "one f32 per f16");
+    #[cfg(all(target_arch = "x86_64", target_feature = "f16c"))]
+    {
+        // SAFETY: as in `narrow`; a prefetch never faults, and its address
+        // is formed with wrapping arithmetic (it may lie past `src`).
+        unsafe {
+            use std::arch::x86_64::*;
+            let mut s = src.chunks_exact(32);
+            let mut d = dst.chunks_exact_mut(32);
+            for (s, d) in (&mut s).zip(&mut d) {
+                let p = s.as_ptr().cast::<i8>().wrapping_add(ahead);
+                _mm_prefetch::<_MM_HINT_T0>(p);
+                for i in 0..4 {
+                    let h = _mm_loadu_si128(s.as_ptr().add(8 * i).cast());
+                    _mm256_storeu_ps(d.as_mut_ptr().add(8 * i), _mm256_cvtph_ps(h));
+                }
+            }
+            widen(s.remainder(), d.into_remainder());
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "f16c")))]
+    {
+        let _ = ahead;
+        widen_portable(src, dst);
+    }
+}
+
 /// The portable conversions the SIMD paths must match bit for bit.
 pub fn narrow_portable(src: &[f32], dst: &mut [u16]) {
     for (d, &s) in dst.iter_mut().zip(src) {
@@ -128,5 +160,22 @@ mod tests {
         let mut back = vec![0u16; bits.len()];
         narrow(&simd, &mut back);
         assert_eq!(back, bits);
+    }
+
+    #[test]
+    fn widening_ahead_gives_the_same_floats() {
+        let bits: Vec<u16> = (0..=u16::MAX)
+            .filter(|&h| !half::f16::from_bits(h).is_nan())
+            .collect();
+        // Whole lines, a remainder, and reads asked for past the end.
+        for (len, ahead) in [(bits.len(), 8192), (1000, 0), (37, 1 << 20), (5, 64)] {
+            let (mut a, mut w) = (vec![0f32; len], vec![0f32; len]);
+            widen_ahead(&bits[..len], &mut a, ahead);
+            widen_portable(&bits[..len], &mut w);
+            assert_eq!(
+                a.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+                w.iter().map(|f| f.to_bits()).collect::<Vec<_>>()
+            );
+        }
     }
 }

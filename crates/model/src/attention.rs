@@ -4,13 +4,18 @@
 //! A query (head × block token) attends to keys 0..=p: the committed prefix
 //! (slots 0..len) and then the token's ancestors in the block, in block
 //! order. Keys are cut into fixed ranges of [`RANGE`] key indices, and a
-//! task is one range of one KV head of one batch item, serving every query
-//! of that head's group: each byte of K and V is read once per forward and
-//! layer, whatever the number of query heads or tree tokens (splitting
-//! queries across threads instead made every thread read the whole cache:
-//! at long contexts a step read it twice). Within a range the prefix is
-//! walked in chunks that fit L1 (32 KiB of K, then of V), each chunk
-//! serving every query of the task before the next is loaded.
+//! task is one range of one batch item, serving every query of every KV
+//! head: each byte of K and V is read once per forward and layer, whatever
+//! the number of query heads or tree tokens (splitting queries across
+//! threads instead made every thread read the whole cache: at long
+//! contexts a step read it twice). A task reads whole slots (every KV
+//! head's K, then V), one contiguous stream the prefetchers follow; a task
+//! per KV head read a stride of the slots instead, and a long-context step
+//! ran at a third of the memory's speed. Only at short contexts, with
+//! fewer ranges than threads to keep busy, do tasks split a range's queries
+//! (and then read only their KV heads). Within a range the prefix is walked
+//! in chunks of 16 KiB, half an L1, each chunk serving every query of the
+//! task before the next is loaded, and asked for one chunk ahead.
 //!
 //! A task leaves each query's softmax over its range unnormalised — the
 //! range's maximum score, its sum of exponentials, and the exponential-
@@ -36,9 +41,8 @@ use crate::block::Block;
 use crate::kv::PlaneRef;
 use crate::sequence::Sequence;
 
-/// Key indices per range. A task reads `RANGE` keys of one KV head, so at
-/// 4096 tokens of context a 1-token step has 8 ranges per KV head to
-/// spread over the threads; longer ranges leave threads idle, shorter ones
+/// Key indices per range. A task reads `RANGE` keys, so at 4096 tokens of
+/// context a 1-token step has 8 ranges to spread over the threads; longer ranges leave threads idle, shorter ones
 /// store and combine more partial results.
 pub(crate) const RANGE: usize = 512;
 
@@ -46,7 +50,7 @@ pub(crate) const RANGE: usize = 512;
 /// prompt at a long context has many ranges per query).
 const PASS_TOKENS: usize = 32;
 
-/// Queries × (range, group) pairs up to which the combining pass runs on
+/// Queries × (window, range) pairs up to which the combining pass runs on
 /// the calling thread: a 1-token step's few partial results take less time
 /// than handing them to the pool and waiting for it (a barrier per layer).
 const COMBINE_ALONE: usize = 256;
@@ -94,11 +98,10 @@ struct Window {
 #[derive(Clone, Copy, Debug)]
 struct Task {
     window: usize,
-    group: usize,
     range: usize,
-    /// Which part of the group's queries (`part` of `parts`): only when
-    /// there are fewer (window, group, range) triples than threads to keep
-    /// busy, at short contexts.
+    /// Which part of the window's queries (`part` of `parts`): only when
+    /// there are fewer (window, range) pairs than threads to keep busy, at
+    /// short contexts.
     part: usize,
     parts: usize,
 }
@@ -154,21 +157,18 @@ pub(crate) fn run(
             at += shape.n_heads * n * ranges * entry;
         }
         partials.resize(at, 0.0);
-        let triples: usize = windows.iter().map(|w| w.ranges).sum::<usize>() * shape.n_kv_heads;
-        let parts = (2 * pool.threads()).div_ceil(triples.max(1)).max(1);
+        let pairs: usize = windows.iter().map(|w| w.ranges).sum::<usize>();
+        let parts = (2 * pool.threads()).div_ceil(pairs.max(1)).max(1);
         tasks.clear();
         for (w, win) in windows.iter().enumerate() {
-            for group in 0..shape.n_kv_heads {
-                for range in 0..win.ranges {
-                    for part in 0..parts {
-                        tasks.push(Task {
-                            window: w,
-                            group,
-                            range,
-                            part,
-                            parts,
-                        });
-                    }
+            for range in 0..win.ranges {
+                for part in 0..parts {
+                    tasks.push(Task {
+                        window: w,
+                        range,
+                        part,
+                        parts,
+                    });
                 }
             }
         }
@@ -182,7 +182,7 @@ pub(crate) fn run(
         });
         let queries: usize = windows.iter().map(|w| w.n * shape.n_heads).sum();
         let partials = &*partials;
-        if queries * triples <= COMBINE_ALONE {
+        if queries * pairs <= COMBINE_ALONE {
             // A few hundred values: cheaper than waking the pool again.
             combine(items, windows, partials, shape, out, 0..queries);
         } else {
@@ -227,14 +227,15 @@ fn run_task(
     let item = &items[win.item];
     let (d, kernel, kv_dim) = (shape.head_dim, shape.kernel, shape.kv_dim);
     let scale = 1.0 / (d as f32).sqrt();
-    let per_group = shape.n_heads / shape.n_kv_heads;
     let len = item.seq.len();
     let (k0, k1) = (task.range * RANGE, (task.range + 1) * RANGE);
 
-    // Query q of the task is (head g · per_group + q / n, token t0 + q % n);
-    // those whose keys end before this range have nothing to do here.
+    // Query q of the window is (head q / n, token t0 + q % n), of KV head
+    // q / per_group; those whose keys end before this range have nothing
+    // to do here.
     let n = win.n;
-    let nq = per_group * n;
+    let nq = shape.n_heads * n;
+    let per_group = nq / shape.n_kv_heads;
     let queries = nq * task.part / task.parts..nq * (task.part + 1) / task.parts;
     let active = |q: usize| keys(item, win.t0 + q % n) > k0;
     if !queries.clone().any(active) {
@@ -247,8 +248,11 @@ fn run_task(
         item.block.attended(win.t0 + t, &mut b.ancestors[t]);
     }
     let (kp, vp) = item.seq.layer(layer);
-    // Slot s of KV head g starts at s · kv_dim + g · d.
-    let (kp, vp) = (kp.skip(task.group * d), vp.skip(task.group * d));
+    // The KV heads the task's queries read are columns `cols` of a slot
+    // (head g at g · d): a whole slot's row at once when the task has every
+    // query, one contiguous stream rather than a stride per head.
+    let cols = queries.start / per_group * d..(queries.end - 1) / per_group * d + d;
+    let at = |q: usize| q / per_group * d - cols.start;
     // Prefix slots of this range, and each token's ancestors in it (their
     // key index is len + their index in the ancestor list).
     let prefix = k0.min(len)..k1.min(len);
@@ -258,16 +262,15 @@ fn run_task(
         let to = k1.saturating_sub(len).min(a.len());
         from..to
     };
-    let head = |q: usize| task.group * per_group + q / n;
     let query = |q: usize| {
         let row = item.row0 + win.t0 + q % n;
-        &qkv[row * shape.qkv_stride + head(q) * d..][..d]
+        &qkv[row * shape.qkv_stride + q / n * d..][..d]
     };
     let entry = d + 2;
     let ranges = win.ranges;
     // SAFETY: see `Shared`; (head, token, range) belongs to this task.
     let partial = |q: usize| unsafe {
-        let i = (head(q) * n + q % n) * ranges + task.range;
+        let i = q * ranges + task.range;
         std::slice::from_raw_parts_mut(partials.0.add(win.at + i * entry), entry)
     };
     if b.scores.len() < nq {
@@ -279,26 +282,27 @@ fn run_task(
         scores[q].resize(prefix.len() + tail(q % n).len(), 0.0);
     }
 
-    let chunk = prefix_chunk(d);
+    let chunk = prefix_chunk(cols.len());
     let (slots, wide) = (&mut b.slots, &mut b.wide);
     for c0 in prefix.clone().step_by(chunk) {
         let c1 = (c0 + chunk).min(prefix.end);
-        let (rows, stride) = head_rows(kp, kv_dim, d, c0..c1, wide);
+        prefetch_rows(kp, kv_dim, cols.clone(), c1..(c1 + chunk).min(prefix.end));
+        let (rows, stride) = head_rows(kp, kv_dim, cols.clone(), c0..c1, wide);
         slots.clear();
         slots.extend(0..c1 - c0);
         for q in queries.clone().filter(|&q| active(q)) {
             let s = &mut scores[q][c0 - prefix.start..c1 - prefix.start];
-            attn::qk_scores(kernel, query(q), rows, stride, slots, scale, s);
+            attn::qk_scores(kernel, query(q), &rows[at(q)..], stride, slots, scale, s);
         }
     }
     // The block's rows (slots len..len + block) hold every ancestor.
     let block_rows = len..len + item.block.len();
-    let (rows, stride) = head_rows(kp, kv_dim, d, block_rows.clone(), wide);
+    let (rows, stride) = head_rows(kp, kv_dim, cols.clone(), block_rows.clone(), wide);
     for q in queries.clone().filter(|&q| active(q)) {
         let t = q % n;
         let ids = &b.ancestors[t][tail(t)];
         let s = &mut scores[q][prefix.len()..];
-        attn::qk_scores(kernel, query(q), rows, stride, ids, scale, s);
+        attn::qk_scores(kernel, query(q), &rows[at(q)..], stride, ids, scale, s);
         let (max, sum) = vec::softmax_unnormalized(&mut scores[q]);
         let p = partial(q);
         p[0] = max;
@@ -307,20 +311,22 @@ fn run_task(
     }
     for c0 in prefix.clone().step_by(chunk) {
         let c1 = (c0 + chunk).min(prefix.end);
-        let (rows, stride) = head_rows(vp, kv_dim, d, c0..c1, wide);
+        prefetch_rows(vp, kv_dim, cols.clone(), c1..(c1 + chunk).min(prefix.end));
+        let (rows, stride) = head_rows(vp, kv_dim, cols.clone(), c0..c1, wide);
         slots.clear();
         slots.extend(0..c1 - c0);
         for q in queries.clone().filter(|&q| active(q)) {
             let e = &scores[q][c0 - prefix.start..c1 - prefix.start];
-            attn::pv_accumulate(kernel, e, rows, stride, slots, &mut partial(q)[2..]);
+            let out = &mut partial(q)[2..];
+            attn::pv_accumulate(kernel, e, &rows[at(q)..], stride, slots, out);
         }
     }
-    let (rows, stride) = head_rows(vp, kv_dim, d, block_rows, wide);
+    let (rows, stride) = head_rows(vp, kv_dim, cols.clone(), block_rows, wide);
     for q in queries.filter(|&q| active(q)) {
         let t = q % n;
         let ids = &b.ancestors[t][tail(t)];
         let e = &scores[q][prefix.len()..];
-        attn::pv_accumulate(kernel, e, rows, stride, ids, &mut partial(q)[2..]);
+        attn::pv_accumulate(kernel, e, &rows[at(q)..], stride, ids, &mut partial(q)[2..]);
     }
 }
 
@@ -373,35 +379,64 @@ fn combine(
     }
 }
 
-/// Slots `range` of one KV head's plane as f32 rows the kernels read:
-/// `(rows, stride)` with slot `range.start + i` at `rows[i · stride..]`.
-/// An f32 plane is read in place; an f16 one is widened (exactly) into
-/// `wide`, once per chunk for every query of the task.
+/// Columns `cols` of slots `range` of a plane (the task's KV heads) as f32
+/// rows the kernels read: `(rows, stride)` with column `cols.start + c` of
+/// slot `range.start + i` at `rows[i · stride + c]`. An f32 plane is read
+/// in place; an f16 one is widened (exactly) into `wide`, once per chunk
+/// for every query of the task.
 fn head_rows<'a>(
     plane: PlaneRef<'a>,
     kv_dim: usize,
-    d: usize,
+    cols: std::ops::Range<usize>,
     range: std::ops::Range<usize>,
     wide: &'a mut Vec<f32>,
 ) -> (&'a [f32], usize) {
     match plane {
-        PlaneRef::F32(p) => (&p[range.start * kv_dim..], kv_dim),
+        PlaneRef::F32(p) => (&p[range.start * kv_dim + cols.start..], kv_dim),
         PlaneRef::F16(p) => {
-            wide.resize(range.len() * d, 0.0);
-            for (i, s) in range.enumerate() {
-                half16::widen(
-                    &p[s * kv_dim..s * kv_dim + d],
-                    &mut wide[i * d..(i + 1) * d],
-                );
+            let w = cols.len();
+            wide.resize(range.len() * w, 0.0);
+            if w == kv_dim {
+                // Whole slots: one contiguous run, converted while the
+                // next chunk (as many bytes on) is asked for.
+                let ahead = std::mem::size_of_val(&p[range.start * kv_dim..range.end * kv_dim]);
+                half16::widen_ahead(&p[range.start * kv_dim..range.end * kv_dim], wide, ahead);
+            } else {
+                for (i, s) in range.enumerate() {
+                    let row = s * kv_dim;
+                    half16::widen(
+                        &p[row + cols.start..row + cols.end],
+                        &mut wide[i * w..(i + 1) * w],
+                    );
+                }
             }
-            (&wide[..], d)
+            (&wide[..], w)
         }
     }
 }
 
-/// Prefix slots per chunk: 16 KiB of one head's K (or V) in f32, half an
-/// L1, so a chunk stays there while every query of the task uses it (64
-/// slots at head_dim 64, 32 at 128).
-fn prefix_chunk(head_dim: usize) -> usize {
-    (16 * 1024 / (4 * head_dim)).max(8)
+/// Asks for columns `cols` of slots `range` (see [`vec::prefetch`]).
+fn prefetch_rows(
+    plane: PlaneRef<'_>,
+    kv_dim: usize,
+    cols: std::ops::Range<usize>,
+    range: std::ops::Range<usize>,
+) {
+    if matches!(plane, PlaneRef::F16(_)) && cols.len() == kv_dim {
+        return; // `head_rows` asks for it as it widens.
+    }
+    for s in range {
+        let row = s * kv_dim;
+        match plane {
+            PlaneRef::F32(p) => vec::prefetch(&p[row + cols.start..row + cols.end]),
+            PlaneRef::F16(p) => vec::prefetch(&p[row + cols.start..row + cols.end]),
+        }
+    }
+}
+
+/// Prefix slots per chunk: 16 KiB of the task's columns of K (or V) in
+/// f32, half an L1, so a chunk stays there while every query of the task
+/// uses it (16 slots of a 1.5B Qwen's two 128-wide KV heads).
+fn prefix_chunk(width: usize) -> usize {
+    (16 * 1024 / (4 * width)).max(8)
 }

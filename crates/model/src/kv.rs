@@ -138,13 +138,3 @@ impl Plane {
         }
     }
 }
-
-impl<'a> PlaneRef<'a> {
-    /// The plane from element `offset` on.
-    pub(crate) fn skip(self, offset: usize) -> PlaneRef<'a> {
-        match self {
-            PlaneRef::F16(v) => PlaneRef::F16(&v[offset..]),
-            PlaneRef::F32(v) => PlaneRef::F32(&v[offset..]),
-        }
-    }
-}
