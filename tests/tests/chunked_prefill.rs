@@ -152,8 +152,13 @@ async fn a_long_prompt_is_prefilled_in_the_running_sessions_step_forwards() {
     // runs): about 37 for 1,200 tokens in chunks of 32.
     assert!(chunked >= 20, "{chunked} steps during a chunked prefill");
     // In one piece the prefill holds every step back until it is done:
-    // the steps counted ran while the request was on its way.
-    assert!(whole <= 6, "{whole} steps during a prefill in one piece");
+    // the steps counted ran while the request was on its way (2–3 here, a
+    // few more on a loaded machine, so compared with the chunked count
+    // rather than a fixed number).
+    assert!(
+        whole * 3 <= chunked,
+        "{whole} steps during a prefill in one piece, {chunked} during a chunked one"
+    );
 }
 
 /// p50, p99 and the largest of `gaps`, in milliseconds.
