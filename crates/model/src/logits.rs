@@ -74,14 +74,7 @@ impl Logits {
     /// lowest id over the whole vocabulary), so greedy decoding is
     /// deterministic.
     pub fn argmax(&self, i: usize) -> u32 {
-        let mut best = 0;
-        let row = self.row(i);
-        for (t, &v) in row.iter().enumerate() {
-            if v > row[best] {
-                best = t;
-            }
-        }
-        self.token(best)
+        self.token(specmesh_numeric::argmax(self.row(i)))
     }
 
     /// The `k` most likely tokens of row i with their log-probabilities,

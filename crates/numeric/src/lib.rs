@@ -92,6 +92,56 @@ pub fn softmax_normaliser(values: &[f32], max: f32, temperature: f32) -> f64 {
     total
 }
 
+/// Values per block of [`argmax`]'s passes: lane-wise, so they vectorise.
+const BLOCK: usize = 16;
+
+/// The index of the largest value, the lowest index on ties; NaN values
+/// never win. This is the sequential rule "start at 0, move to each later
+/// value greater than the current best" (so a NaN first value, which
+/// nothing is greater than, gives 0) in two vectorisable passes: the
+/// maximum, lane-wise, then the first block holding it. The sequential loop
+/// took 1.6 ns per value (76 µs per 49k-token row, 241 µs per 152k-token
+/// one: a verifier pays it for every row it samples greedily).
+pub fn argmax(values: &[f32]) -> usize {
+    let Some(&first) = values.first() else {
+        return 0;
+    };
+    if first.is_nan() {
+        return 0;
+    }
+    // Lane-wise maxima; `v > m` is false for NaN, which so never enters.
+    let mut lanes = [first; BLOCK];
+    let blocks = values.chunks_exact(BLOCK);
+    let mut max = blocks
+        .remainder()
+        .iter()
+        .fold(first, |m, &v| if v > m { v } else { m });
+    for b in blocks {
+        for l in 0..BLOCK {
+            lanes[l] = if b[l] > lanes[l] { b[l] } else { lanes[l] };
+        }
+    }
+    for &m in &lanes {
+        max = if m > max { m } else { max };
+    }
+    // The first value equal to the maximum (−0 equals +0, as the
+    // sequential comparison treats them).
+    for (i, b) in values.chunks(BLOCK).enumerate() {
+        if b.iter().fold(false, |any, &v| any | (v == max)) {
+            let at = b.iter().position(|&v| v == max).expect("found above");
+            return i * BLOCK + at;
+        }
+    }
+    0
+}
+
+/// Whether any of `values` is greater than `floor` (false for NaN): one
+/// vectorisable test per block, for scans that keep a running best.
+#[inline]
+pub fn any_above(values: &[f32], floor: f32) -> bool {
+    values.iter().fold(false, |any, &v| any | (v > floor))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,6 +160,56 @@ mod tests {
                 + r * (0.5
                     + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
         f32::from_bits(((n as i32 + 127) as u32) << 23) * p
+    }
+
+    /// The sequential rule [`argmax`] must match.
+    fn argmax_sequential(values: &[f32]) -> usize {
+        let mut best = 0;
+        for (i, &v) in values.iter().enumerate() {
+            if v > values[best] {
+                best = i;
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn argmax_is_the_sequential_rule() {
+        let mut x = 0x9e37_79b9u32;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 3.0];
+        for len in [0usize, 1, 2, 15, 16, 17, 33, 100, 49_157] {
+            for trial in 0..40 {
+                // Few distinct values, so ties are common.
+                let mut v: Vec<f32> = (0..len).map(|_| (next() % 7) as f32 - 3.0).collect();
+                for _ in 0..trial % 5 {
+                    if len > 0 {
+                        let at = next() as usize % len;
+                        v[at] = special[next() as usize % special.len()];
+                    }
+                }
+                if trial % 7 == 0 && len > 0 {
+                    v[0] = f32::NAN;
+                }
+                assert_eq!(argmax(&v), argmax_sequential(&v), "{v:?}");
+            }
+        }
+        assert_eq!(argmax(&[-0.0, 0.0, -1.0]), 0);
+        assert_eq!(argmax(&[-1.0, 0.0, -0.0]), 1);
+        assert_eq!(argmax(&[f32::NAN; 20]), 0);
+        assert_eq!(argmax(&[1.0, f32::NAN, 2.0]), 2);
+    }
+
+    #[test]
+    fn any_above_ignores_nan() {
+        assert!(!any_above(&[f32::NAN, 1.0], 1.0));
+        assert!(any_above(&[f32::NAN, 1.5], 1.0));
+        assert!(!any_above(&[], f32::NEG_INFINITY));
     }
 
     #[test]

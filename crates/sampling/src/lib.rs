@@ -56,15 +56,10 @@ pub fn sample_in(
     probs.last().map_or(0, |&(t, _)| t)
 }
 
-/// Index of the largest value; the lowest index wins ties.
+/// Index of the largest value; the lowest index wins ties (see
+/// [`specmesh_numeric::argmax`]).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
+    specmesh_numeric::argmax(logits) as u32
 }
 
 /// Index of the largest value among the allowed ones; the lowest index
