@@ -273,6 +273,14 @@ fn bench_serve_runs_open_loop_over_both_transports_and_writes_json_and_plot() {
             }
             assert!(r["p99_e2el_ms"].as_f64().unwrap() > 0.0, "{r}");
         }
+        // Each rate's repetition ratio, as the passes' records give it.
+        for pair in results.chunks(2) {
+            let ratio = pair[1]["output_throughput"].as_f64().unwrap()
+                / pair[0]["output_throughput"].as_f64().unwrap();
+            let line =
+                format!("auto/off output tok/s by repetition: {ratio:.2}x (median {ratio:.2}x)");
+            assert!(stdout.contains(&line), "no {line:?} in:\n{stdout}");
+        }
 
         let svg = std::fs::read_to_string(&svg).unwrap();
         assert!(svg.starts_with("<svg"), "not an SVG");

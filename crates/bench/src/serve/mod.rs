@@ -361,6 +361,9 @@ async fn bench(
             },
         );
         print!("{}", report::table(&at, &setup).text());
+        if let Some(line) = report::repeat_ratios(&at, setup.slo.as_ref()) {
+            println!("{line}");
+        }
     }
     println!(
         "\ngreedy mismatches: {} (every output against the first output without speculation of its prompt)",

@@ -128,6 +128,43 @@ pub fn table(passes: &[&Pass], setup: &Setup) -> Table {
     t
 }
 
+/// Auto's output throughput over off's in each repetition at one rate,
+/// with their median: the number a closed-loop comparison reports, since
+/// pooled passes hide how far single repetitions swing. `None` with no
+/// repetition holding both modes.
+pub fn repeat_ratios(passes: &[&Pass], slo: Option<&Slo>) -> Option<String> {
+    let repeats = passes.iter().map(|p| p.repeat).max()?;
+    let mut ratios: Vec<f64> = (1..=repeats)
+        .filter_map(|r| {
+            let of = |mode: Mode| {
+                let ps: Vec<&Pass> = passes
+                    .iter()
+                    .copied()
+                    .filter(|p| p.repeat == r && p.mode == mode)
+                    .collect();
+                (!ps.is_empty()).then(|| pooled(&ps, slo).output_throughput)
+            };
+            let (off, auto) = (of(Mode::Off)?, of(Mode::Auto)?);
+            (off > 0.0).then(|| auto / off)
+        })
+        .collect();
+    if ratios.is_empty() {
+        return None;
+    }
+    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}x")).collect();
+    ratios.sort_by(f64::total_cmp);
+    let n = ratios.len();
+    let median = if n % 2 == 1 {
+        ratios[n / 2]
+    } else {
+        (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0
+    };
+    Some(format!(
+        "auto/off output tok/s by repetition: {} (median {median:.2}x)",
+        each.join(", ")
+    ))
+}
+
 /// One panel of the plot: a metric against the request rate.
 struct Panel {
     title: &'static str,
