@@ -36,29 +36,14 @@ pub fn narrow(src: &[f32], dst: &mut [u16]) {
 /// Widens f16 bits `src` to f32 in `dst` (equal lengths); exact.
 #[inline]
 pub fn widen(src: &[u16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "one f32 per f16");
-    #[cfg(all(target_arch = "x86_64", target_feature = "f16c"))]
-    {
-        // SAFETY: as in `narrow`.
-        unsafe {
-            use std::arch::x86_64::*;
-            let mut s = src.chunks_exact(8);
-            let mut d = dst.chunks_exact_mut(8);
-            for (s, d) in (&mut s).zip(&mut d) {
-                let f = _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast()));
-                _mm256_storeu_ps(d.as_mut_ptr(), f);
-            }
-            widen_portable(s.remainder(), d.into_remainder());
-        }
-    }
-    #[cfg(not(all(target_arch = "x86_64", target_feature = "f16c")))]
-    widen_portable(src, dst);
+    widen_ahead(src, dst, 0);
 }
 
 /// [`widen`], asking for the source `ahead` bytes on as it goes (a hint:
-/// the result is the same). Attention widens each chunk of an f16 cache
-/// just before it uses it; asking for the next chunk line by line while
-/// this one converts keeps a steady stream of reads in flight.
+/// the result is the same; 0 asks for nothing). Attention widens each
+/// chunk of an f16 cache just before it uses it; asking for the next chunk
+/// line by line while this one converts keeps a steady stream of reads in
+/// flight.
 pub fn widen_ahead(src: &[u16], dst: &mut [f32], ahead: usize) {
     assert_eq!(src.len(), dst.len(), "one f32 per f16");
     #[cfg(all(target_arch = "x86_64", target_feature = "f16c"))]
@@ -67,17 +52,26 @@ pub fn widen_ahead(src: &[u16], dst: &mut [f32], ahead: usize) {
         // is formed with wrapping arithmetic (it may lie past `src`).
         unsafe {
             use std::arch::x86_64::*;
+            // A cache line (32 halves) per step, four conversions of eight.
             let mut s = src.chunks_exact(32);
             let mut d = dst.chunks_exact_mut(32);
             for (s, d) in (&mut s).zip(&mut d) {
-                let p = s.as_ptr().cast::<i8>().wrapping_add(ahead);
-                _mm_prefetch::<_MM_HINT_T0>(p);
+                if ahead > 0 {
+                    let p = s.as_ptr().cast::<i8>().wrapping_add(ahead);
+                    _mm_prefetch::<_MM_HINT_T0>(p);
+                }
                 for i in 0..4 {
                     let h = _mm_loadu_si128(s.as_ptr().add(8 * i).cast());
                     _mm256_storeu_ps(d.as_mut_ptr().add(8 * i), _mm256_cvtph_ps(h));
                 }
             }
-            widen(s.remainder(), d.into_remainder());
+            let mut s8 = s.remainder().chunks_exact(8);
+            let mut d8 = d.into_remainder().chunks_exact_mut(8);
+            for (s, d) in (&mut s8).zip(&mut d8) {
+                let f = _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast()));
+                _mm256_storeu_ps(d.as_mut_ptr(), f);
+            }
+            widen_portable(s8.remainder(), d8.into_remainder());
         }
     }
     #[cfg(not(all(target_arch = "x86_64", target_feature = "f16c")))]

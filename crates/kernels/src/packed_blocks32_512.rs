@@ -242,36 +242,10 @@ unsafe fn offset_pair<const Q5: bool, const T: usize>(
     }
 }
 
-#[inline(always)]
-unsafe fn q4_0_pair<const T: usize>(
-    data: &[u8],
-    nb: usize,
-    g: usize,
-    acts: &QuantizedRows,
-    r0: usize,
-    out: &mut [GroupOut; 2],
-) {
-    // SAFETY: the caller's contract, for Q4_0.
-    unsafe { offset_pair::<false, T>(data, nb, g, acts, r0, out) }
-}
-
-#[inline(always)]
-unsafe fn q5_0_pair<const T: usize>(
-    data: &[u8],
-    nb: usize,
-    g: usize,
-    acts: &QuantizedRows,
-    r0: usize,
-    out: &mut [GroupOut; 2],
-) {
-    // SAFETY: the caller's contract, for Q5_0.
-    unsafe { offset_pair::<true, T>(data, nb, g, acts, r0, out) }
-}
-
 pair_entry!(q4_1_pair, q4_1_pair_512);
 pair_entry!(q8_0_pair, q8_0_pair_512);
-pair_entry!(q4_0_pair, q4_0_pair_512);
-pair_entry!(q5_0_pair, q5_0_pair_512);
+pair_entry!(offset_pair::<false>, q4_0_pair_512);
+pair_entry!(offset_pair::<true>, q5_0_pair_512);
 
 /// The two-group kernel for Q4_0, Q4_1, Q5_0 or Q8_0, on AVX-512 VNNI only.
 pub(crate) fn pair_fn(isa: Isa, fmt: QFormat) -> Option<PairFn> {

@@ -391,7 +391,12 @@ pub(crate) unsafe fn store_pair<const R: usize>(
 }
 
 macro_rules! pair_entry {
+    // A kernel with leading const parameters of its own (`kernel::<A, B>`)
+    // before the activation row count.
     ($kernel:ident, $fn_name:ident) => {
+        pair_entry!($kernel::<>, $fn_name);
+    };
+    ($kernel:ident::<$($c:literal),*>, $fn_name:ident) => {
         /// A [`PairFn`] on AVX-512 VNNI.
         ///
         /// # Safety
@@ -412,14 +417,14 @@ macro_rules! pair_entry {
         ) {
             unsafe {
                 match t {
-                    1 => $kernel::<1>(data, nb, g, acts, r0, out),
-                    2 => $kernel::<2>(data, nb, g, acts, r0, out),
-                    3 => $kernel::<3>(data, nb, g, acts, r0, out),
-                    4 => $kernel::<4>(data, nb, g, acts, r0, out),
-                    5 => $kernel::<5>(data, nb, g, acts, r0, out),
-                    6 => $kernel::<6>(data, nb, g, acts, r0, out),
-                    7 => $kernel::<7>(data, nb, g, acts, r0, out),
-                    _ => $kernel::<8>(data, nb, g, acts, r0, out),
+                    1 => $kernel::<$($c,)* 1>(data, nb, g, acts, r0, out),
+                    2 => $kernel::<$($c,)* 2>(data, nb, g, acts, r0, out),
+                    3 => $kernel::<$($c,)* 3>(data, nb, g, acts, r0, out),
+                    4 => $kernel::<$($c,)* 4>(data, nb, g, acts, r0, out),
+                    5 => $kernel::<$($c,)* 5>(data, nb, g, acts, r0, out),
+                    6 => $kernel::<$($c,)* 6>(data, nb, g, acts, r0, out),
+                    7 => $kernel::<$($c,)* 7>(data, nb, g, acts, r0, out),
+                    _ => $kernel::<$($c,)* 8>(data, nb, g, acts, r0, out),
                 }
             }
         }
