@@ -7,9 +7,10 @@
 Prints, for each phase of `specmesh_verify_phase_seconds`, how often it
 ran, its mean, and its time per batched forward; then the planner's
 counters (tokens per forward, nodes proposed / granted, expected and actual
-accepted drafted tokens). Per-session phases (tree_wait, validate, queue,
-report) overlap across the sessions of a batch, so only the per-forward
-phases (plan, forward, verify, commit, gap) add up to a step's wall time.
+accepted drafted tokens) and the trees the batch did not wait for.
+Per-session phases (tree_wait, validate, queue, report) overlap across
+the sessions of a batch, so only the per-forward phases (plan, forward,
+verify, commit, gap) add up to a step's wall time.
 """
 import re
 import subprocess
@@ -65,6 +66,10 @@ def report(a, b):
         print(f"sessions per forward {sessions / forwards:.2f}, tokens per forward {tokens / forwards:.2f}")
     print(f"nodes proposed {proposed:.0f}, granted {granted:.0f}; "
           f"accepted drafted tokens expected {expected:.1f}, actual {accepted:.0f}")
+    others = delta(a, b, "specmesh_verify_trees_yielded_total", 'patience="others"')
+    late = delta(a, b, "specmesh_verify_trees_yielded_total", 'patience="deadline"')
+    print(f"trees not waited for: {others:.0f} (not paying, the others in), "
+          f"{late:.0f} (the batch's wait ran out)")
 
 
 def scrape(url):

@@ -4,7 +4,8 @@
 //! [`crate::metrics`].
 
 use prometheus::{
-    Counter, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, Opts, Registry,
+    Counter, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    Opts, Registry,
 };
 use specmesh_server::metrics::register;
 
@@ -35,6 +36,9 @@ pub struct BatchMetrics {
     pub model_fixed: Gauge,
     /// Seconds one more speculating session adds to a step (measured).
     pub overhead_per_session: Gauge,
+    /// Steps that went on root-only because their batch called them in
+    /// before their tree came (see `batcher::yielding`), by patience.
+    pub trees_yielded: IntCounterVec,
 }
 
 /// The phases of a verify step, as `specmesh_verify_phase_seconds` labels
@@ -167,6 +171,16 @@ impl BatchMetrics {
                 "Seconds one more session bringing a tree adds to a step, measured across steps.",
             )
             .expect("valid gauge"),
+            trees_yielded: IntCounterVec::new(
+                Opts::new(
+                    "specmesh_verify_trees_yielded_total",
+                    "Steps verified root-only because their batch did not wait for their tree: \
+                     `others` (the session's speculating did not pay, and every other session \
+                     was in) or `deadline` (the batch's wait ran out).",
+                ),
+                &["patience"],
+            )
+            .expect("valid counter"),
         }
     }
 
@@ -184,6 +198,7 @@ impl BatchMetrics {
         register(registry, self.model_forward.clone());
         register(registry, self.model_fixed.clone());
         register(registry, self.overhead_per_session.clone());
+        register(registry, self.trees_yielded.clone());
     }
 }
 

@@ -27,6 +27,8 @@ use crate::goodput::{Goodput, Granted, SessionPlanning};
 use crate::memory::{KvMemory, PrefixKey};
 pub use prefill::PrefillDone;
 use prefill::{PrefillJob, finish_prefill, next_prefill, prefill_alone};
+use yielding::Yields;
+pub use yielding::{Patience, YieldingWait};
 
 /// A gap between forwards longer than this is idle time, not a step's.
 const MAX_STEP_GAP: Duration = Duration::from_secs(1);
@@ -64,6 +66,9 @@ pub struct Counters {
     /// batch waits for missing trees ([`batch_wait`]), which each outcome
     /// tells the drafter.
     pub window: Duration,
+    /// Sessions waiting for trees the batch may call them in without
+    /// (see [`yielding`]).
+    pub yields: Yields,
 }
 
 /// How long a batch waits for the decoding sessions still missing after a
@@ -112,6 +117,9 @@ enum Job {
         span: tracing::Span,
         reply: oneshot::Sender<StepDone>,
     },
+    /// A session registered a tree wait ([`YieldingWait`]): look again at
+    /// who is missing.
+    Wake,
 }
 
 /// A handle to the batching thread; cheap to clone.
@@ -163,6 +171,12 @@ impl Batcher {
             })
             .map_err(|_| VerifierError::BatcherGone)?;
         rx.await.map_err(|_| VerifierError::BatcherGone)
+    }
+
+    /// Registers a session's wait for its tree, which the batch may call
+    /// in ([`YieldingWait::called`]) as `patience` says.
+    pub fn yielding_wait(&self, patience: Patience) -> YieldingWait {
+        YieldingWait::register(&self.counters, &self.tx, patience)
     }
 
     pub async fn step(
@@ -254,6 +268,7 @@ fn run(
             queued: Instant::now(),
             grant: None,
         }),
+        Job::Wake => {}
     };
     loop {
         // Block only when there is nothing to do.
@@ -271,13 +286,21 @@ fn run(
         while let Ok(job) = rx.try_recv() {
             take(job, &mut steps, &mut prefills);
         }
+        if steps.is_empty() && prefills.is_empty() {
+            // Only wakes: nothing to run.
+            continue;
+        }
         // Steps wait for the other decoding sessions, whose trees are
         // usually a drafter round trip away: up to the window, or a tenth
         // of a forward when that is longer (see `MAX_WAIT_FRACTION`). A
         // waiting prefill's next chunk rides in the same forward, so it
         // waits too while any session decodes (it runs alone after that).
+        // Sessions waiting for trees are called in, root-only, when their
+        // trees no longer pay for the wait (see `yielding`).
         let wait = batch_wait(config.window, forward_secs);
-        let deadline = Instant::now() + wait;
+        let mut deadline = Instant::now() + wait;
+        let mut late_called = false;
+        let yields = &counters.yields;
         loop {
             let want = counters
                 .decoding
@@ -286,15 +309,32 @@ fn run(
             if steps.len() >= want || (steps.is_empty() && prefills.is_empty()) {
                 break;
             }
+            let (others, late) = (
+                yields.waiting(Patience::Others),
+                yields.waiting(Patience::Deadline),
+            );
+            if others > 0 && !steps.is_empty() && steps.len() + others + late >= want {
+                yields.call(Patience::Others);
+            }
             let now = Instant::now();
             if now >= deadline {
-                break;
+                if late_called || steps.is_empty() || others + late == 0 {
+                    break;
+                }
+                // Called in, they come within a window.
+                yields.call(Patience::Deadline);
+                late_called = true;
+                deadline = now + config.window;
+                continue;
             }
             match rx.recv_timeout(deadline - now) {
                 Ok(job) => take(job, &mut steps, &mut prefills),
-                Err(_) => break,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
         }
+        // Until the next batch forms, nobody is called.
+        yields.reset();
         next_prefill(&mut prefills, memory);
         let chunk = if config.prefill_chunk == 0 {
             usize::MAX
@@ -564,6 +604,7 @@ fn micros(secs: f64) -> u32 {
 }
 
 mod prefill;
+pub mod yielding;
 
 #[cfg(test)]
 mod tests;

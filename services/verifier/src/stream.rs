@@ -12,13 +12,14 @@ use tonic::Status;
 use tracing::Instrument;
 
 use crate::batch_metrics::Phase;
+use crate::batcher::Patience;
 use crate::draft_link::DraftLink;
 use crate::error::VerifierError;
 use crate::goodput::SessionPlanning;
 use crate::memory::{PrefixKey, Reservation};
 use crate::reattach::Reattach;
 use crate::state::{Gauge, State};
-use crate::step::{StepGrant, Steps, TreeBounds};
+use crate::step::{Answer, StepGrant, Steps, TreeBounds};
 use crate::validate::{DraftPlan, ValidRun};
 
 pub type Events = mpsc::Sender<Result<v1::SessionEvent, Status>>;
@@ -191,10 +192,25 @@ async fn drive_inner(
         }
         let asked = std::time::Instant::now();
         let answer = match link.as_mut().filter(|_| steps.wants_tree()) {
-            Some(l) => Some(tokio::select! {
-                a = l.tree_for(steps.epoch(), steps.step(), v.config.draft_timeout, steps.tree_limits()) => a,
-                () = events.closed() => return gone(session),
-            }),
+            Some(l) => {
+                // The batch waits for this tree only while it pays: see
+                // `batcher::yielding`.
+                let patience = if v.config.goodput_planner && planning.node_budget() == 0 {
+                    Patience::Others
+                } else {
+                    Patience::Deadline
+                };
+                let mut wait = v.batcher.yielding_wait(patience);
+                Some(tokio::select! {
+                    biased;
+                    a = l.tree_for(steps.epoch(), steps.step(), v.config.draft_timeout, steps.tree_limits()) => a,
+                    () = wait.called() => {
+                        phases.trees_yielded.with_label_values(&[patience.label()]).inc();
+                        Answer::Late
+                    }
+                    () = events.closed() => return gone(session),
+                })
+            }
             None => None,
         };
         if answer.is_some() {

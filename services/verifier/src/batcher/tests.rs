@@ -33,6 +33,7 @@ use crate::state::Gauge;
 use crate::step::root_only;
 
 mod prefill;
+mod yielding;
 
 /// A batch window longer than [`WEDGED`]: batches form by the `decoding`
 /// gauge, and a test whose batcher waits a window out fails.
