@@ -13,6 +13,36 @@
 mod log_sum_exp;
 pub use log_sum_exp::log_sum_exp;
 
+/// log2(e), and ln 2 split in two for the Cody–Waite reduction of the
+/// exponentials ([`exp_neg`] and the fused one of `log_sum_exp`).
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+const LN2_HI: f32 = 0.693_145_75;
+const LN2_LO: f32 = 1.428_606_8e-6;
+
+/// A softmax argument clamped into [-87, 0] (NaN lands on -87: `max`
+/// ignores it), so its 2-exponent n is an integer in [-126, 0]. Not
+/// `clamp`: it passes NaN through.
+#[inline(always)]
+#[allow(clippy::manual_clamp)]
+fn softmax_arg(x: f32) -> f32 {
+    x.max(-87.0).min(0.0)
+}
+
+/// 2^n for an integer-valued n in [-126, 0], built from the biased
+/// exponent n + 127 ∈ [1, 127]: `n + 127 + SHIFT` is exact and its low
+/// mantissa bits are n + 127 (the bits of SHIFT itself are zero there and
+/// shift out above bit 31). A float to int conversion would give the same
+/// bits, but a saturating `as i32` keeps LLVM from vectorising loops over
+/// the exponentials (4 ns → 0.3 ns per element), and this needs no
+/// `unsafe` unchecked conversion.
+#[inline(always)]
+fn pow2(n: f32) -> f32 {
+    // 1.5 · 2^23: adding it to an integer-valued float of magnitude below
+    // 2^22 leaves that integer in the low mantissa bits.
+    const SHIFT: f32 = 12_582_912.0;
+    f32::from_bits((n + (127.0 + SHIFT)).to_bits() << 23)
+}
+
 /// e^x for x ≤ 0 (softmax arguments), to ~2 ulp: Cody–Waite reduction to
 /// r ∈ [−ln2/2, ln2/2] and a degree-6 Taylor polynomial. Branch-free, so a
 /// loop over it vectorizes, unlike libm's `expf`; deterministic, so softmax
@@ -20,30 +50,14 @@ pub use log_sum_exp::log_sum_exp;
 /// underflowing to subnormals, and so does NaN.
 #[inline(always)]
 pub fn exp_neg(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    // 1.5 · 2^23: adding it to an integer-valued float of magnitude below
-    // 2^22 leaves that integer in the low mantissa bits.
-    const SHIFT: f32 = 12_582_912.0;
-    // Clamped into [-87, 0] (NaN lands on -87: `max` ignores it), so n is
-    // an integer in [-126, 0]. Not `clamp`: it passes NaN through.
-    #[allow(clippy::manual_clamp)]
-    let x = x.max(-87.0).min(0.0);
+    let x = softmax_arg(x);
     let n = (x * LOG2E + 0.5).floor();
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    // 2^n built from the biased exponent n + 127 ∈ [1, 127]: `n + 127 +
-    // SHIFT` is exact and its low mantissa bits are n + 127 (the bits of
-    // SHIFT itself are zero there and shift out above bit 31). A float to
-    // int conversion would give the same bits, but a saturating `as i32`
-    // keeps LLVM from vectorising loops over this function (4 ns → 0.3 ns
-    // per element), and this needs no `unsafe` unchecked conversion.
-    let biased = (n + (127.0 + SHIFT)).to_bits() << 23;
-    f32::from_bits(biased) * p
+    pow2(n) * p
 }
 
 /// Independent f64 partial sums of [`softmax_normaliser`]: four AVX2

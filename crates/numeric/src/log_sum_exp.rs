@@ -15,6 +15,8 @@
 //! verify phase of a 7-session forward on SmolLM2 at 16 streams went
 //! from 0.91 to 0.80–0.88 ms.
 
+use crate::{LN2_HI, LN2_LO, LOG2E, pow2, softmax_arg};
+
 /// f32 lanes of the block sums: four AVX2 registers, so the exponentials of
 /// one iteration are independent of each other.
 const LANES: usize = 32;
@@ -27,13 +29,7 @@ const BLOCK: usize = 1024;
 /// accuracy in fewer instructions, and other bits.
 #[inline(always)]
 fn exp_neg_fused(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    const SHIFT: f32 = 12_582_912.0;
-    // As in `exp_neg`: NaN lands on -87, and `clamp` would pass it through.
-    #[allow(clippy::manual_clamp)]
-    let x = x.max(-87.0).min(0.0);
+    let x = softmax_arg(x);
     let n = x.mul_add(LOG2E, 0.5).floor();
     let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
     let p = r.mul_add(1.0 / 720.0, 1.0 / 120.0);
@@ -42,8 +38,7 @@ fn exp_neg_fused(x: f32) -> f32 {
     let p = r.mul_add(p, 0.5);
     let p = r.mul_add(p, 1.0);
     let p = r.mul_add(p, 1.0);
-    let biased = (n + (127.0 + SHIFT)).to_bits() << 23;
-    f32::from_bits(biased) * p
+    pow2(n) * p
 }
 
 /// `ln Σ exp(v)` over `values`, shifted by their maximum `max` so nothing
