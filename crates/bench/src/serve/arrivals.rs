@@ -4,9 +4,12 @@
 //! Poisson process, a larger `B` is more regular (the coefficient of
 //! variation is `1/√B`), a smaller one burstier. An infinite rate sends
 //! everything at once. Pure and seeded: the same arguments give the same
-//! schedule, so off and auto face the very same arrivals.
+//! schedule, so off and auto face the very same arrivals. Which mode's
+//! pass goes first in a repetition is [`pass_order`].
 
 use std::time::Duration;
+
+use crate::client::Mode;
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -92,9 +95,27 @@ pub fn schedule(rate: Rate, burstiness: f64, seed: u64, n: usize) -> Vec<Duratio
         .collect()
 }
 
+/// The modes' passes in repetition `repeat` (from 1): off first in odd
+/// repetitions, auto first in even ones (ABBA), so a drift of the
+/// machine's speed through the run weighs on both modes alike.
+pub fn pass_order(repeat: usize) -> [Mode; 2] {
+    if repeat % 2 == 1 {
+        [Mode::Off, Mode::Auto]
+    } else {
+        [Mode::Auto, Mode::Off]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_modes_take_turns_going_first() {
+        let order: Vec<Mode> = (1..=4).flat_map(pass_order).collect();
+        use Mode::{Auto, Off};
+        assert_eq!(order, [Off, Auto, Auto, Off, Off, Auto, Auto, Off]);
+    }
 
     fn mean_and_cv(v: &[f64]) -> (f64, f64) {
         let n = v.len() as f64;

@@ -5,13 +5,18 @@
 //! with a burstiness, at each `--request-rate`), whether or not the earlier
 //! ones have finished, optionally capped by `--max-concurrency` (an arrival
 //! then waits for a slot, and is timed from when it is sent). For each rate
-//! the passes run off, auto, off, auto … (`--repeats` of each) on the same
-//! prompts and the same arrival times, so drift hits both alike; each pass
-//! is its own tenant, so the drafter never drafts from an earlier pass's
-//! answers. Every greedy output must equal the first output without
-//! speculation of the same prompt: a difference is a failure (non-zero
-//! exit). What is measured is [`stats`]; what is printed, written and
-//! plotted is [`report`].
+//! the passes run off, auto, then auto, off, and so on (`--repeats` of
+//! each, the order turned at every repetition) on the same prompts and the
+//! same arrival times, so drift hits both alike: a machine slowing or
+//! speeding up through the run favours neither mode. Each pass is its own
+//! tenant, so the drafter never drafts from an earlier pass's answers.
+//! Before the first pass a warm-up sends a pass's concurrency of requests
+//! (at most 16 without `--max-concurrency`) in each mode, uncounted: the
+//! first measured pass would otherwise pay for the mesh's page faults and
+//! the planner's first lessons alone. Every greedy output must equal the
+//! first output without speculation of the same prompt: a difference is a
+//! failure (non-zero exit). What is measured is [`stats`]; what is
+//! printed, written and plotted is [`report`].
 
 mod arrivals;
 mod report;
@@ -119,7 +124,7 @@ pub struct Args {
     /// New tokens per request (greedy).
     #[arg(long, default_value_t = 128)]
     max_new_tokens: u32,
-    /// Passes of each mode per rate, interleaved off, auto, off, auto, …
+    /// Passes of each mode per rate, interleaved off, auto, auto, off, …
     #[arg(long, default_value_t = 1)]
     repeats: usize,
     /// Count the requests meeting every bound, in milliseconds, as goodput:
@@ -278,16 +283,29 @@ async fn bench(
             format!("{run_id}-{what}")
         }
     };
-    // Warm-up: connections, caches, page faults. Not counted.
-    client
-        .send(
-            questions[0].prompt(),
-            Mode::Off,
-            args.max_new_tokens,
-            &tenant("warm-up"),
-        )
-        .await
-        .context("the warm-up request")?;
+    // Warm-up: connections, caches, page faults at the pass's
+    // concurrency (16 for an open loop without a cap), and in auto the
+    // planner's first lessons. Not counted.
+    let width = args.max_concurrency.unwrap_or(WARM_UP_WIDTH).min(n).max(1);
+    let warming = std::time::Instant::now();
+    for mode in [Mode::Off, Mode::Auto] {
+        let sends = questions.iter().take(width).enumerate().map(|(i, q)| {
+            let (client, tenant) = (client.clone(), tenant(&format!("warm-up-{i}")));
+            let prompt = q.prompt().to_owned();
+            let max_new = args.max_new_tokens;
+            tokio::spawn(async move { client.send(&prompt, mode, max_new, &tenant).await })
+        });
+        let sends: Vec<_> = sends.collect();
+        for s in sends {
+            s.await
+                .context("the warm-up task")?
+                .context("a warm-up request")?;
+        }
+    }
+    eprintln!(
+        "warm-up: {width} requests in each mode in {:.1} s (not counted)",
+        warming.elapsed().as_secs_f64()
+    );
 
     let setup = report::Setup {
         burstiness: args.burstiness,
@@ -302,7 +320,7 @@ async fn bench(
             // The same arrival times for off and auto.
             let seed = args.seed.wrapping_add(((r as u64) << 32) + repeat as u64);
             let schedule = arrivals::schedule(rate, args.burstiness, seed, n);
-            for mode in [Mode::Off, Mode::Auto] {
+            for mode in arrivals::pass_order(repeat) {
                 let plan = Plan {
                     rate,
                     mode,
@@ -398,6 +416,10 @@ async fn bench(
     }
     Ok(())
 }
+
+/// Requests sent at once in each mode before the first pass when
+/// `--max-concurrency` does not say how many run at once.
+const WARM_UP_WIDTH: usize = 16;
 
 /// What one pass sends, and when.
 struct Plan<'a> {
