@@ -136,6 +136,13 @@ fn verify(
             span.record("forward_ms", times.forward * 1e3);
             span.record("verify_ms", times.verify * 1e3);
             span.record("commit_ms", times.commit * 1e3);
+            // One line per forward at debug level: what the step-time
+            // model is fitted to (the span's fields carry the rest).
+            tracing::debug!(
+                tokens = tokens + prefilled,
+                forward_ms = times.forward * 1e3,
+                "forward"
+            );
             m.batch_size.observe(n as f64);
             // The model's gauges move slowly: every 32nd forward is enough.
             if counters.batches.load(Ordering::Relaxed).is_multiple_of(32) {
