@@ -25,8 +25,10 @@
 //! is the `m` most likely ones (and it is ancestor-closed), so a greedy
 //! marginal allocation is exact: sort every session's nodes by estimate
 //! and take the prefix with the highest ratio ([`plan::Planner`]). Zero
-//! granted nodes is plain decoding; a node is granted only when it raises
-//! the ratio, so the plan never predicts less goodput than plain decoding.
+//! granted nodes is plain decoding; nodes are granted only when they raise
+//! the ratio by at least [`plan::MIN_GAIN`], so the plan never predicts
+//! less goodput than plain decoding, and a plan that would win less than
+//! its estimates' error (a few per cent under load) is not bought.
 //!
 //! What a session costs by speculating at all — the batch waits for its
 //! tree, its drafter competes for the cores — is sunk once its tree is

@@ -104,6 +104,28 @@ fn under_load_the_batch_drafts_less() {
 }
 
 #[test]
+fn a_plan_that_wins_too_little_is_not_bought() {
+    // Ten sessions with nothing drafted and one with a single node. On a
+    // flat forward the node's share of the batch's tokens is all it wins:
+    // 0.15 of 10 roots is 1.5%, below the least gain; 0.3 is 3%, above.
+    let roots: Vec<TokenTree> = (0..10).map(|_| chain(&[])).collect();
+    let root_estimates: Vec<Vec<f64>> = roots.iter().map(estimates).collect();
+    for (p, granted) in [(0.15, 0), (0.3, 1)] {
+        let t = chain(&[p]);
+        let e = estimates(&t);
+        let mut offers: Vec<_> = roots
+            .iter()
+            .zip(&root_estimates)
+            .map(|(t, e)| offer(t, e))
+            .collect();
+        offers.push(offer(&t, &e));
+        let plan = plan(&offers, &flat());
+        assert_eq!(plan.granted(), granted, "p = {p}");
+        assert!(plan.goodput() >= plan.plain_goodput() * (1.0 - 1e-9));
+    }
+}
+
+#[test]
 fn fixed_step_cost_makes_speculation_pay_more() {
     let t = chain(&[0.5, 0.25, 0.12]);
     let e = estimates(&t);
@@ -226,6 +248,10 @@ proptest! {
         let b = Planner::default().plan(&offers, &m, 0, cap.max(offers.len())).unwrap();
         prop_assert_eq!(&a, &b);
         prop_assert!(a.goodput() >= a.plain_goodput() * (1.0 - 1e-9));
+        // Nodes are bought only for at least the least gain.
+        if a.granted() > 0 {
+            prop_assert!(a.goodput() >= a.plain_goodput() * (1.0 + MIN_GAIN) * (1.0 - 1e-9));
+        }
         prop_assert!(a.tokens <= cap.max(offers.len()));
         for (g, (t, _)) in a.grants.iter().zip(&trees) {
             prop_assert!(g.keep[0]);
