@@ -12,7 +12,8 @@
 //! the chains are merged into one target tree. A path's last target token
 //! may be cut short by the end of the draft's text (the draft stopped
 //! inside a word the target spells as one token): it is dropped, unless
-//! the path ended on a special token (`<|im_end|>`).
+//! the path ended on a special token (`<|im_end|>`). So the draft model
+//! drafts [`EXTRA_LEVELS`] deeper than the target tree may reach.
 //!
 //! Verification stays in the target's vocabulary, so greedy output is the
 //! target's by construction. The trees carry no draft distributions (the
@@ -39,6 +40,10 @@ use crate::drafter::{DrafterStats, ModelDrafter};
 /// a byte-level BPE merges within a pre-tokenized word, and the tail of
 /// the text may still change its tokens as text is appended.
 const REENCODE_TAIL: usize = 8;
+
+/// Levels a tree drafted through text runs beyond the depth asked: one
+/// more draft model forward per tree, which the drafter's policy prices.
+pub const EXTRA_LEVELS: usize = 1;
 
 /// Why a draft model cannot draft through text for a target; the drafter
 /// refuses to start with it.
@@ -390,10 +395,17 @@ impl Drafter for CrossVocabDrafter {
             self.stats.retokenize_nanos += spent.as_nanos() as u64;
             return root_only(root, limits);
         }
+        // One level deeper than asked: each path's last target token is
+        // dropped (see the module docs), so a tree of the depth asked
+        // would reach one level less, and a one-level budget nothing.
         let dctx = DraftContext {
             tokens: self.map.draft_tokens(),
             prompt_len: self.map.draft_len_of(ctx.prompt_len),
-            limits: TreeLimits::new(limits.max_nodes, limits.max_depth, self.draft_vocab),
+            limits: TreeLimits::new(
+                limits.max_nodes + EXTRA_LEVELS,
+                limits.max_depth + EXTRA_LEVELS,
+                self.draft_vocab,
+            ),
         };
         let drafted = self.inner.propose(&dctx);
         let t1 = Instant::now();

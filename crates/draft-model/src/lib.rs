@@ -26,7 +26,7 @@ mod error;
 mod ranking;
 mod vocab;
 
-pub use cross::{BridgeError, CrossVocabDrafter, TextBridge, TextMap};
+pub use cross::{BridgeError, CrossVocabDrafter, EXTRA_LEVELS, TextBridge, TextMap};
 pub use drafter::{Cancel, DraftOptions, DrafterStats, ModelDrafter};
 pub use error::DraftModelError;
 pub use ranking::{RankingError, TokenRanking};

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use specmesh_draft::{DraftContext, Drafter, TreeLimits};
 use specmesh_draft_model::{
-    BridgeError, CrossVocabDrafter, DraftOptions, ModelDrafter, TextBridge, TextMap,
+    BridgeError, CrossVocabDrafter, DraftOptions, EXTRA_LEVELS, ModelDrafter, TextBridge, TextMap,
 };
 use specmesh_model::{LoadOptions, Model};
 use specmesh_sampling::SamplingParams;
@@ -235,6 +235,17 @@ fn the_draft_model_drafts_target_trees_that_greedy_smollm2_would_write() {
         limits,
     });
     assert!(d.stats().context_tokens - before < 12, "{:?}", d.stats());
+    // A one-level budget still drafts its level: the draft model runs one
+    // level deeper than asked, since a path's last target token is
+    // dropped.
+    let forwards = d.stats().forwards;
+    let one = d.propose(&DraftContext {
+        tokens: &longer,
+        prompt_len: context.len(),
+        limits: TreeLimits::new(2, 1, 151936),
+    });
+    assert_eq!((one.draft_len(), one.max_depth()), (1, 1), "{one:?}");
+    assert_eq!(d.stats().forwards - forwards, 1 + EXTRA_LEVELS as u64);
 }
 
 #[test]

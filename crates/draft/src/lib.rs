@@ -22,8 +22,8 @@ pub use adaptive::Adaptive;
 pub use lookup::{LookupConfig, PromptLookup};
 pub use merged::Merged;
 pub use policy::{
-    AcceptanceStats, Arm, Arms, Budget, CostCurve, Decision, PolicyConfig, PolicyError, Sources,
-    SpecPolicy, StepTiming,
+    AcceptanceStats, Arm, Arms, Budget, CostCurve, Decision, Learned, Ledger, PolicyConfig,
+    PolicyError, Sources, SpecPolicy, StepTiming,
 };
 pub use predicted::{Predicted, PredictedConfig};
 pub use recycle::{RecycleConfig, TokenRecycler};

@@ -49,6 +49,12 @@ pub struct Args {
     /// never waits a round trip for an empty tree.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub pipeline: bool,
+    /// Start each session's policy from what the earlier sessions of its
+    /// workload (tenant, target, greedy or sampled) measured: acceptance
+    /// per tree depth and the overhead of a speculative step, per way of
+    /// drafting. Off: every session starts from the same guess.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub learn_across_sessions: bool,
     /// Seconds a new draft stream may take to send its `start`; a silent
     /// stream would hold a session slot (DEADLINE_EXCEEDED).
     #[arg(long, default_value_t = 30)]
@@ -151,6 +157,8 @@ pub struct Config {
     pub max_context_tokens: usize,
     /// Pipelined "nothing drafted" trees (see `Args::pipeline`).
     pub pipeline: bool,
+    /// See `Args::learn_across_sessions`.
+    pub learn_across_sessions: bool,
     pub shutdown_grace: Duration,
     pub start_timeout: Duration,
     /// Identities besides `tls.tls_allow_san` admitted to `KvEvents`.
@@ -202,6 +210,7 @@ impl Default for Config {
             max_sessions: 1024,
             max_context_tokens: 262_144,
             pipeline: true,
+            learn_across_sessions: true,
             shutdown_grace: Duration::from_secs(20),
             start_timeout: Duration::from_secs(30),
             kv_events_allow_san: Vec::new(),
@@ -285,6 +294,7 @@ impl TryFrom<Args> for Config {
             max_sessions: at_least("max-sessions", a.max_sessions, 1)?,
             max_context_tokens: at_least("max-context-tokens", a.max_context_tokens, 1)?,
             pipeline: a.pipeline,
+            learn_across_sessions: a.learn_across_sessions,
             shutdown_grace: Duration::from_secs(a.server.shutdown_grace_secs),
             start_timeout: Duration::from_secs(a.start_timeout_secs),
             kv_events_allow_san: a.kv_events_allow_san,

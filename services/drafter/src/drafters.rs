@@ -294,6 +294,15 @@ impl SessionDrafter {
             .map(|c| c.forward_secs)
     }
 
+    /// Levels each model tree drafts beyond its depth: one through text
+    /// ([`specmesh_draft_model::EXTRA_LEVELS`]), none otherwise.
+    pub fn extra_levels(&self) -> usize {
+        match &self.model {
+            Some((SessionModel::Cross(_), _)) => specmesh_draft_model::EXTRA_LEVELS,
+            _ => 0,
+        }
+    }
+
     /// Seconds the draft model would spend catching up on a context of
     /// `context_len` tokens before it can draft (0 when it holds it all, or
     /// without a model).

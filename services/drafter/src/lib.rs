@@ -20,6 +20,7 @@
 mod config;
 mod drafters;
 mod error;
+mod learned;
 mod metrics;
 mod model;
 mod prefix;

@@ -20,6 +20,7 @@ use tonic::service::interceptor::InterceptedService;
 
 use crate::config::{Args, Config, SERVICE};
 use crate::drafters::DrafterSet;
+use crate::learned::Learning;
 use crate::model::DraftModel;
 use crate::prefix::DraftKv;
 use crate::service::DraftService;
@@ -90,6 +91,7 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built<Arc<
         max_sessions: config.max_sessions,
         max_context: config.max_context_tokens,
         pipeline: config.pipeline,
+        learning: config.learn_across_sessions.then(Learning::default),
         draft_ahead: config.draft_model.as_ref().is_some_and(|m| m.draft_ahead),
         start_timeout: config.start_timeout,
         stop: stop_rx,

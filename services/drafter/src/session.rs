@@ -263,6 +263,7 @@ impl DraftSession {
         for &arm in drafter.arms() {
             if let Some(p) = arms.policy_mut(arm).filter(|_| arm.uses_model()) {
                 p.stats_mut().set_prior(MODEL_PRIOR_ACCEPT);
+                p.set_extra_levels(drafter.extra_levels());
             }
         }
         let forward_secs = drafter.forward_secs();
@@ -481,6 +482,16 @@ impl DraftSession {
             max_depth: decided.budget.max_depth.min(self.max_depth),
         };
         let budget = if budget.is_off() { Budget::OFF } else { budget };
+        tracing::debug!(
+            step = self.next_step,
+            arm = arm.name(),
+            nodes = budget.drafted(),
+            depth = budget.max_depth,
+            run = steps,
+            expected = decided.expected_speedup(),
+            probe = decided.probe,
+            "decided"
+        );
         let plan = Plan {
             step: self.next_step,
             arm,

@@ -1,5 +1,6 @@
-//! What every draft stream of the process shares: the drafters, the
-//! counters, the session slots and the stop signal.
+//! What every draft stream of the process shares: the drafters, what
+//! finished sessions learned, the counters, the session slots and the stop
+//! signal.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
 
 use crate::drafters::DrafterSet;
+use crate::learned::Learning;
 use crate::stats::Stats;
 
 /// What every stream of the process shares.
@@ -20,6 +22,8 @@ pub struct State {
     pub max_context: usize,
     /// Pipelined "nothing drafted" trees.
     pub pipeline: bool,
+    /// What finished sessions taught, when sessions learn from each other.
+    pub learning: Option<Learning>,
     /// Draft model trees are drafted ahead of their outcome.
     pub draft_ahead: bool,
     /// How long a new stream may take to send its `start`.

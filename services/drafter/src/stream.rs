@@ -36,6 +36,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
 use tonic::{Code, Status, Streaming};
 
 use crate::error::DrafterError;
+use crate::learned::Workload;
 use crate::session::{Applied, DraftSession, Drafted, Plan, Reported};
 use crate::state::State;
 use crate::validate::Report;
@@ -95,6 +96,8 @@ pub struct DraftStream {
     stop: watch::Receiver<bool>,
     tally: Tally,
     slot: OwnedSemaphorePermit,
+    /// The session's workload, once its start arrived.
+    workload: Option<Workload>,
 }
 
 impl DraftStream {
@@ -111,6 +114,7 @@ impl DraftStream {
             tx,
             tally: Tally::default(),
             slot,
+            workload: None,
         }
     }
 
@@ -122,6 +126,7 @@ impl DraftStream {
             tx,
             slot,
             tally,
+            workload,
             ..
         } = self;
         // Free the slot before the verifier hears the stream is over, so
@@ -130,6 +135,9 @@ impl DraftStream {
         match result {
             Ok((session, end)) => {
                 drop(tx);
+                if let (Some(learning), Some(w)) = (&state.learning, &workload) {
+                    learning.record(w, &session);
+                }
                 let ahead = session.ahead_stats();
                 tracing::info!(
                     ?end,
@@ -205,9 +213,18 @@ impl DraftStream {
             sources = ?spec.sources,
             "draft session started"
         );
+        let workload = Workload::of(&spec);
         let mut session =
             DraftSession::new(spec, drafter, self.state.max_context, self.state.pipeline)?
                 .with_draft_ahead(self.state.draft_ahead);
+        if let Some(learning) = &self.state.learning {
+            let taught = learning.seed(&workload, &mut session);
+            tracing::debug!(
+                sessions = taught,
+                "started from what earlier sessions learned"
+            );
+        }
+        self.workload = Some(workload);
         let plan = session.plan_first();
         let (mut session, drafted) = draft(session, plan).await?;
         if !self.send(drafted).await? {

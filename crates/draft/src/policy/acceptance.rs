@@ -12,7 +12,9 @@ use crate::Feedback;
 /// Its prior is the global prior for depth 1 and depth `d − 1`'s posterior
 /// below that, so a depth the session never reached is assumed to behave
 /// like the deepest one it did: zero acceptance at depth 1 does not leave
-/// an optimistic default waiting at depth 2.
+/// an optimistic default waiting at depth 2. Where earlier sessions of the
+/// same workload taught a rate per depth ([`AcceptanceStats::set_learned`],
+/// see [`super::ledger`]), that rate is the depth's prior instead.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AcceptanceStats {
     prior: f64,
@@ -20,6 +22,9 @@ pub struct AcceptanceStats {
     decay: f64,
     /// (accepted, rejected) weights per depth, index 0 = depth 1.
     counts: Vec<(f64, f64)>,
+    /// Learned prior rates per depth, index 0 = depth 1; deeper depths
+    /// chain as without.
+    learned: Vec<f64>,
 }
 
 impl AcceptanceStats {
@@ -48,7 +53,53 @@ impl AcceptanceStats {
             strength,
             decay,
             counts: Vec::new(),
+            learned: Vec::new(),
         })
+    }
+
+    /// The same prior, strength and decay, with nothing observed or
+    /// learned.
+    pub fn unobserved(&self) -> AcceptanceStats {
+        AcceptanceStats {
+            counts: Vec::new(),
+            learned: Vec::new(),
+            ..*self
+        }
+    }
+
+    /// Takes `rates` (index 0 = depth 1) as the prior of each depth they
+    /// cover, in place of the chained one; the observations are kept.
+    /// Rates that are not numbers end the list; others are clamped to
+    /// [0, 1].
+    pub fn set_learned(&mut self, rates: &[f64]) {
+        self.learned = rates
+            .iter()
+            .take_while(|r| r.is_finite())
+            .map(|r| r.clamp(0.0, 1.0))
+            .collect();
+    }
+
+    /// Adds `other`'s observations to these, after scaling these by
+    /// `keep` (in [0, 1]; others: 1): a record of many sessions where each
+    /// session's evidence fades as later ones arrive.
+    pub fn absorb(&mut self, other: &AcceptanceStats, keep: f64) {
+        let keep = if (0.0..=1.0).contains(&keep) {
+            keep
+        } else {
+            1.0
+        };
+        if self.counts.len() < other.counts.len() {
+            self.counts.resize(other.counts.len(), (0.0, 0.0));
+        }
+        for (i, c) in self.counts.iter_mut().enumerate() {
+            let (a, r) = other.counts.get(i).copied().unwrap_or((0.0, 0.0));
+            *c = (c.0 * keep + a, c.1 * keep + r);
+        }
+    }
+
+    /// Observation weight at depth 1: how much evidence these counts hold.
+    pub fn weight(&self) -> f64 {
+        self.counts.first().map_or(0.0, |&(a, r)| a + r)
     }
 
     /// Replaces the prior (e.g. with a drafter's own confidence); the
@@ -99,24 +150,26 @@ impl AcceptanceStats {
 
     /// The estimated conditional acceptance rate at `depth` (≥ 1).
     pub fn rate(&self, depth: usize) -> f64 {
-        let mut mean = self.prior;
-        for &(acc, rej) in self.counts.iter().take(depth.max(1)) {
-            mean = (acc + mean * self.strength) / (acc + rej + self.strength);
-        }
-        mean
+        self.chain().take(depth.max(1)).last().unwrap_or(self.prior)
     }
 
     /// Rates for depths `1..=max_depth`, computed in one pass.
     pub fn rates(&self, max_depth: usize) -> Vec<f64> {
-        let mut out = Vec::with_capacity(max_depth);
+        self.chain().take(max_depth).collect()
+    }
+
+    /// The rate of each depth from 1 on, without end: its posterior over
+    /// its prior (the learned rate, else the depth above's rate).
+    fn chain(&self) -> impl Iterator<Item = f64> + '_ {
         let mut mean = self.prior;
-        for d in 0..max_depth {
-            if let Some(&(acc, rej)) = self.counts.get(d) {
-                mean = (acc + mean * self.strength) / (acc + rej + self.strength);
-            }
-            out.push(mean);
-        }
-        out
+        (0..).map(move |d| {
+            let prior = self.learned.get(d).copied().unwrap_or(mean);
+            mean = match self.counts.get(d) {
+                Some(&(acc, rej)) => (acc + prior * self.strength) / (acc + rej + self.strength),
+                None => prior,
+            };
+            mean
+        })
     }
 }
 

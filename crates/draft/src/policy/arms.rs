@@ -32,8 +32,19 @@
 //! the horizon is then the steps its tokens left take at the best arm's
 //! expected tokens per step. Both rules are deterministic, like the
 //! policy's own probing.
+//!
+//! An arm's first estimate is a guess unless earlier sessions of the
+//! workload measured it ([`Arms::seed`] with the [`super::Ledger`]'s
+//! [`Learned`]): then its policy starts from their acceptance and overhead,
+//! and once [`Arms::LEARNED_SESSIONS`] sessions taught it, exploring it is
+//! priced by that evidence rather than by the all-accepted bound: it is
+//! tried only where its learned speed-up, with [`Arms::EXPLORE_MARGIN`]
+//! for this session's text differing, beats the others' measured one. So
+//! on a workload where the model-free drafters already win (code), a
+//! draft model present costs no exploration, and where they do not, the
+//! model is tried as before.
 
-use super::{CostCurve, Decision, PolicyConfig, PolicyError, SpecPolicy};
+use super::{CostCurve, Decision, Learned, PolicyConfig, PolicyError, SpecPolicy};
 
 /// What a session may draft with, as the request asked.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -109,6 +120,8 @@ pub struct Arms {
     switch_cost: Vec<f64>,
     /// Tokens the session may still commit; `None`: unknown.
     tokens_left: Option<usize>,
+    /// Earlier sessions whose evidence seeded each arm.
+    learned: Vec<u64>,
 }
 
 impl Arms {
@@ -119,6 +132,21 @@ impl Arms {
     pub const MIN_EVIDENCE: u64 = 8;
     /// Steps within which a switch must repay its cost.
     pub const HORIZON: f64 = 64.0;
+    /// Earlier sessions an arm's learned evidence must come from before
+    /// it prices the arm's exploration.
+    pub const LEARNED_SESSIONS: u64 = 3;
+    /// How much better than its learned estimate an arm may turn out in
+    /// this session: an arm within this of the best is still explored.
+    pub const EXPLORE_MARGIN: f64 = 0.1;
+
+    /// Starts `arm` from what earlier sessions of the workload learned
+    /// (see the module docs).
+    pub fn seed(&mut self, arm: Arm, learned: &Learned) {
+        if let Some(i) = self.index(arm) {
+            self.arms[i].1.seed(learned);
+            self.learned[i] = learned.sessions;
+        }
+    }
 
     /// Using `arm` next costs `plain_steps` once (a draft model catching
     /// up on the context it has not seen); 0 once it has. Not a finite
@@ -180,6 +208,7 @@ impl Arms {
             decided: vec![0; list.len()],
             switch_cost: vec![0.0; list.len()],
             tokens_left: None,
+            learned: vec![0; list.len()],
             arms: list,
         })
     }
@@ -268,7 +297,15 @@ impl Arms {
         for (i, (_, p)) in self.arms.iter().enumerate() {
             let stale = self.used[i] == 0 || self.idle[i] >= Self::EXPLORE_INTERVAL;
             let measured = self.decided[..i].iter().all(|&u| u >= Self::MIN_EVIDENCE);
-            let bound = p.upper_bound(batch) - amortised(i);
+            // What the arm could reach: the learned estimate with a
+            // margin where earlier sessions measured it, else everything
+            // accepted.
+            let reach = if self.learned[i] >= Self::LEARNED_SESSIONS {
+                bests[i].expected_speedup() * (1.0 + Self::EXPLORE_MARGIN)
+            } else {
+                p.upper_bound(batch)
+            };
+            let bound = reach - amortised(i);
             if stale && measured && bound > best_other(i) * (1.0 + 1e-9) {
                 return i;
             }
@@ -415,6 +452,65 @@ mod tests {
         let combined = picks.iter().filter(|&&p| p == Arm::Combined).count();
         assert_eq!(combined, 1, "{picks:?}");
         assert_eq!(picks[Arms::EXPLORE_INTERVAL as usize], Arm::Combined);
+    }
+
+    /// What `sessions` earlier sessions measured: `rate` per depth and
+    /// `overhead` plain steps per speculative step.
+    fn learned(rate: f64, overhead: f64, sessions: u64) -> Learned {
+        Learned {
+            rates: vec![rate; 16],
+            overhead: Some(overhead),
+            sessions,
+        }
+    }
+
+    #[test]
+    fn a_model_earlier_sessions_saw_lose_is_not_explored() {
+        // Code: the model-free drafters accept 85% per depth for free;
+        // earlier sessions saw the model's arm accept 50% at 0.05 plain
+        // steps per level and 0.2 overhead.
+        let fresh = |seeded: u64| {
+            let mut a = arms(&[Arm::ModelFree, Arm::Combined]);
+            a.policy_mut(Arm::Combined).unwrap().set_level_cost(0.05);
+            a.seed(Arm::ModelFree, &learned(0.85, 0.1, seeded));
+            a.seed(Arm::Combined, &learned(0.5, 0.2, seeded));
+            train(&mut a, Arm::ModelFree, 0.85);
+            a
+        };
+        let mut a = fresh(5);
+        // Had everything been accepted the model would win; as learned,
+        // not even with the margin.
+        let free = a.policy(Arm::ModelFree).unwrap().best(1).expected_speedup();
+        let model = a.policy(Arm::Combined).unwrap();
+        assert!(model.upper_bound(1) > free);
+        assert!(model.best(1).expected_speedup() * (1.0 + Arms::EXPLORE_MARGIN) < free);
+        for _ in 0..200 {
+            assert_eq!(a.decide_run(1, 1).0, Arm::ModelFree);
+        }
+        assert_eq!(a.used(Arm::Combined), 0);
+        // Taught by too few sessions, the model is explored on its bound.
+        let mut a = fresh(Arms::LEARNED_SESSIONS - 1);
+        let picks: Vec<Arm> = (0..100).map(|_| a.decide_run(1, 1).0).collect();
+        assert!(picks.contains(&Arm::Combined), "{picks:?}");
+    }
+
+    #[test]
+    fn a_model_earlier_sessions_saw_win_is_used_at_once_and_lost_ground_reexplored() {
+        // Chat: the model-free drafters accept 30%, the model 90%.
+        let mut a = arms(&[Arm::ModelFree, Arm::Combined]);
+        a.policy_mut(Arm::Combined).unwrap().set_level_cost(0.05);
+        a.seed(Arm::ModelFree, &learned(0.3, 0.1, 5));
+        a.seed(Arm::Combined, &learned(0.9, 0.2, 5));
+        assert_eq!(a.decide_run(1, 1).0, Arm::Combined);
+        // This session's text turns out to defeat the model: it falls back
+        // to model-free, and is measured again while its learned estimate,
+        // with the margin, could still win.
+        train(&mut a, Arm::Combined, 0.05);
+        train(&mut a, Arm::ModelFree, 0.3);
+        let picks: Vec<Arm> = (0..=Arms::EXPLORE_INTERVAL + 1)
+            .map(|_| a.decide_run(1, 1).0)
+            .collect();
+        assert_eq!(picks[0], Arm::ModelFree);
     }
 
     #[test]

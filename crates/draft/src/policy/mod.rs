@@ -12,6 +12,10 @@
 //! overhead is measured from the session's own step durations
 //! ([`StepTiming`]) and added to the curve's price.
 //!
+//! A session need not start from a guess: the [`Ledger`] keeps what
+//! earlier sessions of its workload measured (acceptance per depth, the
+//! overhead), and [`SpecPolicy::seed`] starts a policy from it.
+//!
 //! Everything here is pure arithmetic on a handful of numbers, cheap enough
 //! to run every step.
 //!
@@ -48,6 +52,7 @@
 mod acceptance;
 mod arms;
 mod curve;
+mod ledger;
 #[cfg(test)]
 mod tests;
 mod timing;
@@ -57,6 +62,7 @@ use specmesh_tree::TreeLimits;
 pub use acceptance::{AcceptanceStats, offered_and_accepted};
 pub use arms::{Arm, Arms, Sources};
 pub use curve::CostCurve;
+pub use ledger::{Learned, Ledger};
 pub use timing::StepTiming;
 
 use crate::Feedback;
@@ -206,6 +212,9 @@ pub struct SpecPolicy {
     timing: StepTiming,
     /// What drafting one tree level costs, in plain steps.
     level_cost: f64,
+    /// Levels drafted beyond a tree's depth (a draft model drafting
+    /// through text drafts one more than the target tree keeps).
+    extra_levels: usize,
     off_streak: u32,
     /// Drafted nodes the verifier expects to grant (its goodput planner's
     /// forecast): no budget above it is chosen. `usize::MAX`: no cap.
@@ -243,6 +252,7 @@ impl SpecPolicy {
             stats,
             timing: StepTiming::default(),
             level_cost: 0.0,
+            extra_levels: 0,
             off_streak: 0,
             grant_cap: usize::MAX,
             depth_cap: usize::MAX,
@@ -263,6 +273,16 @@ impl SpecPolicy {
 
     pub fn stats_mut(&mut self) -> &mut AcceptanceStats {
         &mut self.stats
+    }
+
+    /// Starts from what earlier sessions of the workload learned: their
+    /// rates as the per-depth priors, their overhead until this session
+    /// times its own.
+    pub fn seed(&mut self, learned: &Learned) {
+        self.stats.set_learned(&learned.rates);
+        if let Some(o) = learned.overhead {
+            self.timing.seed_overhead(o);
+        }
     }
 
     /// See [`AcceptanceStats::observe`].
@@ -300,13 +320,24 @@ impl SpecPolicy {
         }
     }
 
+    /// Every tree drafts `levels` more than its depth, each priced as a
+    /// level (see [`SpecPolicy::set_level_cost`]).
+    pub fn set_extra_levels(&mut self, levels: usize) {
+        self.extra_levels = levels;
+    }
+
     /// What a speculative step drafting `drafted` nodes `depth` levels deep
     /// costs, relative to a plain one: the verify forward (the curve), the
     /// measured overhead of speculating and the drafting.
     fn step_cost(&self, drafted: usize, depth: usize, batch: usize) -> f64 {
+        let levels = if depth > 0 {
+            depth + self.extra_levels
+        } else {
+            0
+        };
         self.curve.step_cost(drafted, batch)
             + self.timing.overhead()
-            + self.level_cost * depth as f64
+            + self.level_cost * levels as f64
     }
 
     /// Caps the budgets chosen at `cap` drafted nodes (`None`: no cap):

@@ -105,6 +105,27 @@ fn stats_follow_observations_and_forget() {
 }
 
 #[test]
+fn learned_rates_are_priors_per_depth_and_records_absorb() {
+    let mut s = AcceptanceStats::new(0.5, 2.0, 0.9).unwrap();
+    s.set_learned(&[0.9, 0.6, f64::NAN, 0.1]);
+    // The learned depths, then (after a rate that is not a number) the
+    // chain from the deepest learned one.
+    assert_eq!(s.rates(4), [0.9, 0.6, 0.6, 0.6]);
+    // Observations weigh against the learned prior at its strength.
+    s.observe(1, 0);
+    assert!((s.rate(1) - 0.6).abs() < 1e-12, "{}", s.rate(1));
+    assert_eq!(s.rate(2), 0.6);
+    // A record of sessions: keep 0.5 of the old weight, add the new.
+    let mut record = s.unobserved();
+    assert_eq!(record.weight(), 0.0);
+    assert_eq!(record.rates(2), [0.5, 0.5]);
+    record.absorb(&s, 0.5);
+    record.absorb(&s, 0.5);
+    assert!((record.weight() - 1.5).abs() < 1e-12);
+    assert!(record.rate(1) < 0.5);
+}
+
+#[test]
 fn a_leaf_on_the_accepted_path_counts_no_refusal() {
     let mut b = TreeBuilder::new(1, TreeLimits::new(8, 4, 100)).unwrap();
     let a = b.push(0, 2, 0.9).unwrap();

@@ -28,6 +28,8 @@ pub struct StepTiming {
     plain: Option<f64>,
     /// Extra cost of a speculative step, in plain steps.
     overhead: f64,
+    /// Speculative steps timed.
+    speculative: u32,
 }
 
 impl StepTiming {
@@ -62,6 +64,22 @@ impl StepTiming {
         }
         let excess = (secs / plain - predicted).clamp(0.0, MAX_OVERHEAD);
         self.overhead += ALPHA * (excess - self.overhead);
+        self.speculative = self.speculative.saturating_add(1);
+    }
+
+    /// Starts the overhead at `plain_steps` (what earlier sessions of the
+    /// workload measured) rather than 0, so that the first speculative
+    /// steps are priced as they will cost. Ignored once a speculative step
+    /// was timed, or when not a finite number ≥ 0.
+    pub fn seed_overhead(&mut self, plain_steps: f64) {
+        if self.speculative == 0 && plain_steps.is_finite() && plain_steps >= 0.0 {
+            self.overhead = plain_steps.min(MAX_OVERHEAD);
+        }
+    }
+
+    /// Speculative steps timed so far.
+    pub fn speculative_steps(&self) -> u32 {
+        self.speculative
     }
 
     /// Extra cost of a speculative step beyond the curve, in plain steps.
@@ -115,6 +133,25 @@ mod tests {
         assert!((t.plain_secs().unwrap() - 0.011).abs() < 1e-12);
         t.declare_plain(1.0);
         assert!((t.plain_secs().unwrap() - 0.011).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_seeded_overhead_prices_until_steps_teach_their_own() {
+        let mut t = StepTiming::default();
+        t.seed_overhead(0.5);
+        assert_eq!(t.overhead(), 0.5);
+        t.seed_overhead(f64::NAN);
+        t.seed_overhead(-1.0);
+        assert_eq!(t.overhead(), 0.5);
+        t.observe_plain(1, 0.010);
+        for _ in 0..200 {
+            t.observe_speculative(0.015, 1.5);
+        }
+        assert!(t.overhead() < 1e-3, "{}", t.overhead());
+        assert_eq!(t.speculative_steps(), 200);
+        // Once timed, a seed changes nothing.
+        t.seed_overhead(1.0);
+        assert!(t.overhead() < 1e-3);
     }
 
     #[test]

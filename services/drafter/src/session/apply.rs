@@ -67,15 +67,27 @@ impl DraftSession {
             }
         };
         reported.tree_wait_us = tree_wait_us;
+        tracing::debug!(
+            step,
+            span,
+            arm = arm.name(),
+            drafted,
+            accepted = reported.accepted,
+            speculative = reported.speculative,
+            forward_us,
+            tree_wait_us,
+            "outcome"
+        );
         // A guess held the drafter up until this outcome came, so the
         // verifier's wait for the tree is not the link's alone.
         let guessed = self.guess.is_some();
         // Whatever the outcome, a guess drafted ahead is settled by it.
         self.settle_guess();
-        let (draft_secs, model_forwards, caught_up) = if drafted > 0 {
-            std::mem::take(&mut self.last_draft)
-        } else {
-            (0.0, 0, 0)
+        // Every tree was drafted, empty ones too (a model may draft nothing
+        // usable): its drafting is not the step's.
+        let (draft_secs, model_forwards, caught_up) = match &awaited {
+            Awaited::Tree { .. } => std::mem::take(&mut self.last_draft),
+            Awaited::Span { .. } => (0.0, 0, 0),
         };
         self.live
             .observe(forward_us, tree_wait_us, draft_secs, !guessed && span == 1);
@@ -122,6 +134,7 @@ impl DraftSession {
         let o = Outcome::from_report(report, tree)?;
         self.check_room(o.committed.len())?;
         self.node_budget = o.node_budget;
+        let drafted_nothing = tree.len() == 1;
         // When the verifier verified only part of the tree, that part is
         // what the target judged: nodes left out were neither accepted nor
         // rejected, so learning reads the pruned tree and its path.
@@ -137,6 +150,16 @@ impl DraftSession {
             [] => None,
             path => Some(path),
         };
+        // The draft model ran and drafted nothing the target could use
+        // (through text, a path may end inside a target token): to the
+        // policy its depth 1 was offered and refused, so an arm that keeps
+        // paying forwards for empty trees stops being chosen.
+        if drafted_nothing
+            && self.last_draft.1 > 0
+            && let Some(p) = self.arms.policy_mut(arm)
+        {
+            p.observe(1, 0);
+        }
         if let Some(path) = ours {
             let feedback = Feedback {
                 tree,

@@ -1,10 +1,35 @@
-//! What the session's policy is told before it decides: the price of a
-//! draft model's tree level, the cost of switching to the model, and the
-//! deepest model tree that reaches the verifier in time.
+//! What the session's policy is told before it decides: what earlier
+//! sessions of its workload learned, the price of a draft model's tree
+//! level, the cost of switching to the model, and the deepest model tree
+//! that reaches the verifier in time.
+
+use specmesh_draft::{Arm, Learned, SpecPolicy};
 
 use super::DraftSession;
 
 impl DraftSession {
+    /// The arms the session chooses among.
+    pub fn arms(&self) -> impl Iterator<Item = Arm> + '_ {
+        self.arms.arms()
+    }
+
+    /// Each arm's policy, for the record of what the session measured.
+    pub fn policies(&self) -> impl Iterator<Item = (Arm, &SpecPolicy)> + '_ {
+        self.arms
+            .arms()
+            .filter_map(|a| self.arms.policy(a).map(|p| (a, p)))
+    }
+
+    /// The deepest tree the session drafts.
+    pub fn max_depth(&self) -> usize {
+        self.max_depth
+    }
+
+    /// Starts `arm` from what earlier sessions of the workload learned.
+    pub fn seed(&mut self, arm: Arm, learned: &Learned) {
+        self.arms.seed(arm, learned);
+    }
+
     /// Prices each arm's tree levels at the draft model's forward over the
     /// verifier's plain step, less the share that drafting ahead hides.
     pub(super) fn price_levels(&mut self) {

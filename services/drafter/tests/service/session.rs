@@ -237,3 +237,61 @@ async fn when_nothing_is_drafted_the_next_tree_comes_before_the_outcome() {
     assert_eq!((next.step, next.root_token, next.span), (1, phrase(30), 0));
     stream.close().await;
 }
+
+/// Runs one session of `tenant` over the phrase for `steps` steps, its
+/// trees verified greedily against the phrase; returns its first tree.
+async fn taught_session(drafter: &Drafter, tenant: &str, steps: u64) -> v1::TokenTree {
+    let mut client = drafter.client().await;
+    let mut len = 42;
+    let mut stream = Stream::start(&mut client, draft_start(tenant, text(0..len), 16, 8)).await;
+    let first = stream.tree().await;
+    let mut tree = first.clone();
+    for step in 0..steps {
+        let (path, committed) = verify_greedy(&tree, &text(len..len + 64));
+        len += committed.len();
+        stream
+            .outcome(v1::StepOutcome {
+                step,
+                path,
+                committed,
+                batch_size: 1,
+                ..Default::default()
+            })
+            .await;
+        tree = stream.tree().await;
+    }
+    stream.close().await;
+    first
+}
+
+/// A tenant's later sessions start from what its earlier ones measured:
+/// after sessions whose trees the target accepted throughout, a new
+/// session of that tenant drafts its first tree deeper than one of
+/// another tenant, which starts from the policy's guess; with
+/// `--learn-across-sessions false` every session starts from the guess.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_sessions_of_a_tenant_start_from_what_earlier_ones_learned() {
+    for learn in [true, false] {
+        let drafter = Drafter::start(Config {
+            learn_across_sessions: learn,
+            ..config()
+        })
+        .await;
+        let guess = tree_depth(&taught_session(&drafter, "a", 30).await);
+        for _ in 0..2 {
+            taught_session(&drafter, "a", 30).await;
+        }
+        drafter
+            .wait_for("the sessions to close", |s| s.sessions_open == 0)
+            .await;
+        let taught = tree_depth(&taught_session(&drafter, "a", 0).await);
+        let other = tree_depth(&taught_session(&drafter, "b", 0).await);
+        assert_eq!(other, guess, "another tenant starts from the guess");
+        if learn {
+            assert!(taught > guess, "{taught} levels against {guess}");
+        } else {
+            assert_eq!(taught, guess);
+        }
+        drafter.shutdown().await.unwrap();
+    }
+}

@@ -122,3 +122,31 @@ fn outcomes_teach_the_verifiers_forward_and_the_links_round_trip() {
     apply(&mut s, o).unwrap();
     assert_eq!(s.live_times().1, link);
 }
+
+#[test]
+fn model_forwards_that_drafted_nothing_teach_a_refusal() {
+    // Step 0's tree came back empty: through text, the model's one path
+    // may end inside a target token and be dropped.
+    let run = |forwards: u64| {
+        let mut s = session(repetitive(), 8, 1000);
+        first_tree(&mut s);
+        let root = *s.context.last().unwrap();
+        let limits = specmesh_draft::TreeLimits::new(8, 4, 100);
+        s.awaited = Some(Awaited::Tree {
+            step: 0,
+            tree: TokenTree::root_only(root, limits).unwrap(),
+            arm: Arm::ModelFree,
+        });
+        s.last_draft = (0.02, forwards, 0);
+        let before = s.arms.policy(Arm::ModelFree).unwrap().stats().rate(1);
+        apply(&mut s, outcome(0, vec![], vec![5])).unwrap();
+        let after = s.arms.policy(Arm::ModelFree).unwrap().stats().rate(1);
+        (before, after)
+    };
+    // Forwards paid for nothing: depth 1 counts as offered and refused.
+    let (before, after) = run(2);
+    assert!(after < before, "{before} -> {after}");
+    // A plain step that ran no forward teaches nothing.
+    let (before, after) = run(0);
+    assert_eq!(after, before);
+}
