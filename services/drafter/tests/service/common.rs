@@ -149,6 +149,26 @@ impl Stream {
         self.send(outcome_message(outcome)).await;
     }
 
+    /// Reports that `step` (in a batch of `batch_size`) accepted `path`
+    /// and committed `committed`; returns the next tree.
+    pub async fn verified(
+        &mut self,
+        step: u64,
+        path: Vec<u32>,
+        committed: Vec<u32>,
+        batch_size: u32,
+    ) -> v1::TokenTree {
+        self.outcome(v1::StepOutcome {
+            step,
+            path,
+            committed,
+            batch_size,
+            ..Default::default()
+        })
+        .await;
+        self.tree().await
+    }
+
     /// The next message: a tree, the end (`Ok(None)`) or the error status.
     pub async fn next(&mut self) -> Result<Option<v1::TokenTree>, Status> {
         tokio::time::timeout(WAIT, self.rx.message())

@@ -75,16 +75,7 @@ async fn sessions_draft_with_the_model_on_plain_text() {
             vec![want]
         };
         context.extend_from_slice(&committed);
-        stream
-            .outcome(v1::StepOutcome {
-                step,
-                path,
-                committed,
-                batch_size: 1,
-                ..Default::default()
-            })
-            .await;
-        tree = stream.tree().await;
+        tree = stream.verified(step, path, committed, 1).await;
         assert_eq!(
             (tree.step, tree.root_token),
             (step + 1, *context.last().unwrap())
@@ -309,16 +300,7 @@ async fn a_guess_that_holds_is_sent_as_the_next_tree() {
         };
         committed.push(bonus);
         context.extend_from_slice(&committed);
-        stream
-            .outcome(v1::StepOutcome {
-                step,
-                path,
-                committed,
-                batch_size: 1,
-                ..Default::default()
-            })
-            .await;
-        tree = stream.tree().await;
+        tree = stream.verified(step, path, committed, 1).await;
         assert_eq!(
             (tree.step, tree.root_token),
             (step + 1, *context.last().unwrap())

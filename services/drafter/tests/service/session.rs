@@ -53,16 +53,7 @@ async fn a_repetitive_session_gets_its_continuation_drafted_within_the_bounds() 
         let (path, committed) = verify_greedy(&tree, &text(len..len + 64));
         accepted += path.len() - 1;
         len += committed.len();
-        stream
-            .outcome(v1::StepOutcome {
-                step,
-                path,
-                committed,
-                batch_size: 4,
-                ..Default::default()
-            })
-            .await;
-        tree = stream.tree().await;
+        tree = stream.verified(step, path, committed, 4).await;
     }
     assert!(
         accepted >= 100,
@@ -249,16 +240,7 @@ async fn taught_session(drafter: &Drafter, tenant: &str, steps: u64) -> v1::Toke
     for step in 0..steps {
         let (path, committed) = verify_greedy(&tree, &text(len..len + 64));
         len += committed.len();
-        stream
-            .outcome(v1::StepOutcome {
-                step,
-                path,
-                committed,
-                batch_size: 1,
-                ..Default::default()
-            })
-            .await;
-        tree = stream.tree().await;
+        tree = stream.verified(step, path, committed, 1).await;
     }
     stream.close().await;
     first
