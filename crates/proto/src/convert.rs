@@ -102,6 +102,7 @@ pub fn tree_to_wire(tree: &TokenTree, epoch: u64, step: u64) -> v1::TokenTree {
         dists,
         span: 0,
         drafted_ahead: false,
+        drafted_by: v1::DraftSources::Auto as i32,
     }
 }
 

@@ -440,6 +440,7 @@ impl DraftSession {
                 span: span as u32,
                 tree: None,
                 drafted_ahead: false,
+                drafted_by: None,
             },
             nodes: 0,
             took: Duration::ZERO,
@@ -553,6 +554,7 @@ impl DraftSession {
             span: 1,
             tree: Some(tree.clone()),
             drafted_ahead: drafted_ahead && fits,
+            drafted_by: Some(plan.arm),
         };
         let nodes = tree.draft_len();
         self.awaited = Some(Awaited::Tree {

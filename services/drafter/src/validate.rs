@@ -11,7 +11,7 @@
 //! verifier that sends a bad path or a token outside the vocabulary has a
 //! bug, and drafting on top of a corrupted context would only hide it.
 
-use specmesh_draft::TokenTree;
+use specmesh_draft::{Arm, TokenTree};
 use specmesh_proto::field::check_tokens;
 use specmesh_proto::{StartSpec, tree_to_wire, v1};
 
@@ -108,6 +108,8 @@ pub struct SentTree {
     pub tree: Option<TokenTree>,
     /// Drafted ahead of the outcome before it.
     pub drafted_ahead: bool,
+    /// The arm that drafted it; `None` for a run of steps sent ahead.
+    pub drafted_by: Option<Arm>,
 }
 
 impl From<&SentTree> for v1::TokenTree {
@@ -115,6 +117,7 @@ impl From<&SentTree> for v1::TokenTree {
         match &t.tree {
             Some(tree) => v1::TokenTree {
                 drafted_ahead: t.drafted_ahead,
+                drafted_by: t.drafted_by.map_or(v1::DraftSources::Auto, drafted_by) as i32,
                 ..tree_to_wire(tree, t.epoch, t.step)
             },
             None => v1::TokenTree {
@@ -124,6 +127,15 @@ impl From<&SentTree> for v1::TokenTree {
                 ..Default::default()
             },
         }
+    }
+}
+
+/// An arm as the way of drafting the verifier's planner calibrates apart.
+fn drafted_by(arm: Arm) -> v1::DraftSources {
+    match arm {
+        Arm::ModelFree => v1::DraftSources::ModelFree,
+        Arm::Model => v1::DraftSources::DraftModel,
+        Arm::Combined => v1::DraftSources::Combined,
     }
 }
 

@@ -8,6 +8,13 @@
 //! here outlives a session. What sessions share lives here: the step-time
 //! model, and one score table per kind of drafting (`auto`, `model-free`,
 //! `draft-model`, `combined`), every new session's prior.
+//!
+//! A tree is calibrated by the kind that drafted it, which the drafter
+//! names (`TokenTree.drafted_by`) when it chooses per step, as for `auto`
+//! sessions: a suffix drafter's scores and a draft model's mean different
+//! things, and one table taught by both misjudges both (a session that
+//! left the draft model kept being granted less for its model-free trees).
+//! A session keeps its own calibration per kind too.
 
 use specmesh_draft::Sources;
 use specmesh_planner::{Calibration, Forecast, Offer, Overhead, Planner, ScoreTable, StepModel};
@@ -16,10 +23,13 @@ use specmesh_tree::TokenTree;
 /// What a session carries for the planner from step to step.
 #[derive(Debug, Clone)]
 pub struct SessionPlanning {
-    calibration: Calibration,
+    /// Its own calibration per kind of drafting.
+    calibrations: [Calibration; KINDS],
     forecast: Forecast,
     /// Index of its kind of drafting in the shared tables.
     kind: usize,
+    /// Index of the kind that drafted this step's tree.
+    drafted_by: usize,
     /// Expected accepted tokens of its granted nodes per step it brought
     /// a tree (moving average).
     gain: f64,
@@ -31,25 +41,52 @@ pub struct SessionPlanning {
 impl SessionPlanning {
     /// A session drafting from `sources`, at most `max_draft` nodes a tree.
     pub fn new(sources: Sources, max_draft: usize) -> SessionPlanning {
-        let kind = match sources {
-            Sources::Auto => 0,
-            Sources::ModelFree => 1,
-            Sources::DraftModel => 2,
-            Sources::Combined => 3,
-        };
+        let kind = kind(sources);
         SessionPlanning {
-            calibration: Calibration::default(),
+            calibrations: Default::default(),
             forecast: Forecast::new(max_draft),
             kind,
+            drafted_by: kind,
             gain: 1.0,
             pays: true,
         }
+    }
+
+    /// This step's tree was drafted by `by` (`None`: by the session's own
+    /// sources).
+    pub fn drafted_by(&mut self, by: Option<Sources>) {
+        self.drafted_by = by.map_or(self.kind, kind);
+    }
+
+    /// The session's calibration of this step's tree, and the shared
+    /// table of its kind, from `shared`.
+    fn calibration<'a>(
+        &'a mut self,
+        shared: &'a mut [ScoreTable; KINDS],
+    ) -> (&'a mut Calibration, &'a mut ScoreTable) {
+        (
+            &mut self.calibrations[self.drafted_by],
+            &mut shared[self.drafted_by],
+        )
     }
 
     /// Drafted nodes the planner expects to grant the session next step:
     /// none while its speculating does not pay for itself.
     pub fn node_budget(&self) -> usize {
         if self.pays { self.forecast.budget() } else { 0 }
+    }
+}
+
+/// Kinds of drafting, each calibrated apart.
+const KINDS: usize = 4;
+
+/// The index of a kind of drafting in the tables.
+fn kind(sources: Sources) -> usize {
+    match sources {
+        Sources::Auto => 0,
+        Sources::ModelFree => 1,
+        Sources::DraftModel => 2,
+        Sources::Combined => 3,
     }
 }
 
@@ -117,7 +154,7 @@ pub struct Goodput {
     /// node (two contexts to attend over, two sequences' bookkeeping), so
     /// forwards of different batch sizes teach different models.
     models: Vec<StepModel>,
-    shared: [ScoreTable; 4],
+    shared: [ScoreTable; KINDS],
     planner: Planner,
     /// Per batch slot, reused.
     estimates: Vec<Vec<f64>>,
@@ -134,7 +171,7 @@ impl Goodput {
             enabled,
             max_tokens,
             models: vec![model; CLASSES],
-            shared: [ScoreTable::default(); 4],
+            shared: [ScoreTable::default(); KINDS],
             planner: Planner::default(),
             estimates: Vec::new(),
             overhead: Overhead::default(),
@@ -177,7 +214,8 @@ impl Goodput {
             self.estimates.resize_with(n, Vec::new);
         }
         for ((t, s), e) in trees.iter().zip(sessions).zip(&mut self.estimates) {
-            s.calibration.estimates(&self.shared[s.kind], t, e);
+            let k = s.drafted_by;
+            s.calibrations[k].estimates(&self.shared[k], t, e);
         }
         let offers: Vec<Offer<'_>> = trees
             .iter()
@@ -236,9 +274,8 @@ impl Goodput {
         if grant.offered == 0 {
             return;
         }
-        session
-            .calibration
-            .observe(&mut self.shared[session.kind], tree, path);
+        let (own, shared) = session.calibration(&mut self.shared);
+        own.observe(shared, tree, path);
         session.forecast.observe(grant.offered, tree.draft_len());
         session.gain += 0.2 * (grant.expected - session.gain);
         session.pays = self.overhead.pays(session.gain, self.goodput);
@@ -384,6 +421,40 @@ mod tests {
         assert_eq!(plan.granted, 2);
         assert_eq!(trees[0].draft_len(), 2);
         assert!(plan.grants[0].kept.is_none());
+    }
+
+    #[test]
+    fn each_kind_of_drafting_is_calibrated_apart() {
+        // An auto session whose model-free trees of score 0.15 were always
+        // accepted and whose draft-model trees of that score never were.
+        let mut g = Goodput::new(true, 512, cpu());
+        let mut s = SessionPlanning::new(Sources::Auto, 16);
+        let grant = Granted {
+            offered: 2,
+            expected: 1.0,
+            kept: None,
+        };
+        for _ in 0..40 {
+            s.drafted_by(Some(Sources::ModelFree));
+            g.learn(&mut s, &chain(&[0.15, 0.15]), &[0, 1, 2], &grant);
+            s.drafted_by(Some(Sources::DraftModel));
+            g.learn(&mut s, &chain(&[0.15, 0.15]), &[0], &grant);
+        }
+        let granted = |g: &mut Goodput, s: &mut SessionPlanning, by| {
+            s.drafted_by(by);
+            let mut trees = vec![chain(&[0.15, 0.15])];
+            plan_for(g, &mut trees, &[&*s]).granted
+        };
+        assert_eq!(granted(&mut g, &mut s, Some(Sources::ModelFree)), 2);
+        assert_eq!(granted(&mut g, &mut s, Some(Sources::DraftModel)), 0);
+        // A new model-free session starts from the model-free trees of
+        // the auto one; a new auto session's draft-model trees from its
+        // draft-model trees.
+        let mut fresh = SessionPlanning::new(Sources::ModelFree, 16);
+        assert_eq!(granted(&mut g, &mut fresh, None), 2);
+        let mut fresh = SessionPlanning::new(Sources::Auto, 16);
+        assert_eq!(granted(&mut g, &mut fresh, Some(Sources::ModelFree)), 2);
+        assert_eq!(granted(&mut g, &mut fresh, Some(Sources::DraftModel)), 0);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! or telling it anything, and reports the whole run in one outcome after
 //! its last step. The gateway sees every step as usual.
 
+use specmesh_draft::Sources;
 use specmesh_engine::{Finish, Step};
 use specmesh_tree::{TokenTree, TreeLimits, merge};
 
@@ -45,6 +46,8 @@ pub struct Drafted {
     pub last: u64,
     /// The drafter drafted it ahead of the outcome before it.
     pub drafted_ahead: bool,
+    /// The way of drafting that made it, when the drafter named one.
+    pub drafted_by: Option<Sources>,
 }
 
 /// The tree a step verifies.
@@ -56,6 +59,9 @@ pub struct Planned {
     pub top_k: usize,
     /// Why the drafter was dropped at this step, when it was.
     pub dropped: Option<String>,
+    /// The way of drafting that made the tree, when the drafter named one
+    /// (the planner calibrates its scores apart).
+    pub drafted_by: Option<Sources>,
 }
 
 /// What a verified step sends.
@@ -203,6 +209,7 @@ impl Steps {
         room: usize,
     ) -> Result<Planned, VerifierError> {
         let mut dropped = None;
+        let mut drafted_by = None;
         let tree = if !self.wants_tree() {
             root_only(root, self.bounds.vocab)?
         } else {
@@ -221,16 +228,20 @@ impl Steps {
                     dropped = Some(why);
                     (root_only(root, self.bounds.vocab)?, self.step)
                 }
-                Answer::Tree(drafted) => match self.accept(drafted, root, room) {
-                    Ok((planned, ahead)) => {
-                        self.drafted_ahead = ahead;
-                        planned
+                Answer::Tree(drafted) => {
+                    let (ahead, by) = (drafted.drafted_ahead, drafted.drafted_by);
+                    match self.accept(drafted, root, room) {
+                        Ok(planned) => {
+                            self.drafted_ahead = ahead;
+                            drafted_by = by;
+                            planned
+                        }
+                        Err(why) => {
+                            dropped = Some(why);
+                            (root_only(root, self.bounds.vocab)?, self.step)
+                        }
                     }
-                    Err(why) => {
-                        dropped = Some(why);
-                        (root_only(root, self.bounds.vocab)?, self.step)
-                    }
-                },
+                }
             };
             if dropped.is_some() {
                 self.drafter_lost();
@@ -249,6 +260,7 @@ impl Steps {
                 0
             },
             dropped,
+            drafted_by,
         })
     }
 
@@ -259,14 +271,8 @@ impl Steps {
     }
 
     /// The drafter's tree for this step, fitted to `room`, with the last
-    /// step it stands for and whether it was drafted ahead; `Err`: why the
-    /// drafter is dropped.
-    fn accept(
-        &self,
-        drafted: Drafted,
-        root: u32,
-        room: usize,
-    ) -> Result<((TokenTree, u64), bool), String> {
+    /// step it stands for; `Err`: why the drafter is dropped.
+    fn accept(&self, drafted: Drafted, root: u32, room: usize) -> Result<(TokenTree, u64), String> {
         let b = self.bounds;
         let Some(tree) = drafted.tree else {
             // "Nothing drafted", possibly sent ahead of the last outcome:
@@ -275,7 +281,7 @@ impl Steps {
             // late) covers the rest of it.
             let through = drafted.last.max(self.step);
             let tree = root_only(root, b.vocab).map_err(|e| e.to_string())?;
-            return Ok(((tree, through), false));
+            return Ok((tree, through));
         };
         if tree.root_token() != root {
             return Err(format!(
@@ -287,9 +293,9 @@ impl Steps {
         if tree.len() > fit.max_nodes {
             // Near the end of the context: keep the best part that fits.
             let fitted = merge(&[&tree], fit).map_err(|e| format!("fitting the tree: {e}"))?;
-            return Ok(((fitted, self.step), drafted.drafted_ahead));
+            return Ok((fitted, self.step));
         }
-        Ok(((tree, self.step), drafted.drafted_ahead))
+        Ok((tree, self.step))
     }
 
     /// Records the verification of the planned tree (`grant.offered`

@@ -227,6 +227,7 @@ async fn drive_inner(
             link = None;
         }
         let offered = planned.tree.draft_len();
+        planning.drafted_by(planned.drafted_by);
         let span = tracing::info_span!(
             "verify_step",
             step = steps.step(),

@@ -2,6 +2,7 @@
 //! formed), becomes a [`ValidRun`] here, held to this verifier's model and
 //! limits. Nothing past this module reads a wire request.
 
+use specmesh_draft::Sources;
 use specmesh_proto::field::check_tokens;
 use specmesh_proto::{FieldError, RunSpec, check_top_k, last_step, tree_from_wire, tree_span, v1};
 use specmesh_sampling::SamplingParams;
@@ -158,7 +159,6 @@ impl ValidRun {
     }
 }
 
-/// A model-free plan with `endpoint` and `fallbacks`, for tests.
 /// A drafter's tree, read within `limits`: [`Answer::Tree`], or
 /// [`Answer::Invalid`] saying why the drafter is dropped.
 pub fn drafted(wire: v1::TokenTree, limits: TreeLimits) -> Answer {
@@ -174,6 +174,7 @@ pub fn drafted(wire: v1::TokenTree, limits: TreeLimits) -> Answer {
             tree: None,
             last: last_step(wire.step, span),
             drafted_ahead: false,
+            drafted_by: None,
         });
     }
     match tree_from_wire(&wire, limits) {
@@ -181,8 +182,19 @@ pub fn drafted(wire: v1::TokenTree, limits: TreeLimits) -> Answer {
             tree: Some(tree),
             last: wire.step,
             drafted_ahead: wire.drafted_ahead,
+            drafted_by: drafted_by(wire.drafted_by),
         }),
         Err(e) => invalid(&e),
+    }
+}
+
+/// The way of drafting a tree names; `None` (the session's own sources)
+/// when unset or a value this verifier does not know, as from a newer
+/// drafter: it only steers the planner's calibration.
+fn drafted_by(wire: i32) -> Option<Sources> {
+    match v1::DraftSources::try_from(wire).ok()? {
+        v1::DraftSources::Auto => None,
+        known => Some(known.into()),
     }
 }
 

@@ -56,6 +56,7 @@ fn any_tree() -> impl Strategy<Value = v1::TokenTree> {
                 dists,
                 span,
                 drafted_ahead,
+                ..Default::default()
             },
         )
 }

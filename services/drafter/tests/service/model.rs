@@ -51,6 +51,7 @@ async fn sessions_draft_with_the_model_on_plain_text() {
         root_child(&tree, next),
         "the draft model's greedy token {next} is drafted: {tree:?}"
     );
+    assert_eq!(tree.drafted_by, v1::DraftSources::DraftModel as i32);
     // Every step is answered; the model keeps drafting as text is committed.
     let mut context = prompt.clone();
     let mut tree = tree;

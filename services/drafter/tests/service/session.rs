@@ -50,6 +50,13 @@ async fn a_repetitive_session_gets_its_continuation_drafted_within_the_bounds() 
             tree.nodes.len()
         );
         assert!(tree_depth(&tree) <= max_depth as usize);
+        if !tree.nodes.is_empty() {
+            assert_eq!(
+                tree.drafted_by,
+                v1::DraftSources::ModelFree as i32,
+                "a tree names the way it was drafted"
+            );
+        }
         let (path, committed) = verify_greedy(&tree, &text(len..len + 64));
         accepted += path.len() - 1;
         len += committed.len();

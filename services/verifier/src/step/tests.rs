@@ -237,6 +237,27 @@ fn the_wait_for_a_tree_and_a_tree_drafted_ahead_are_reported() {
 }
 
 #[test]
+fn the_way_a_tree_was_drafted_reaches_the_planner() {
+    let mut s = Steps::new(0, BOUNDS, true);
+    let mut by_model = wire_tree(7, 0);
+    by_model.drafted_by = v1::DraftSources::DraftModel as i32;
+    let p = s.plan(Some(drafted(by_model)), 7, 100).unwrap();
+    assert_eq!(p.drafted_by, Some(Sources::DraftModel));
+    s.verified(&step(vec![0, 1], vec![11], 12, 3), grant(3), 1);
+
+    // Unset, or a value this verifier does not know (a newer drafter's):
+    // the session's own sources.
+    for by in [v1::DraftSources::Auto as i32, 42] {
+        let mut tree = wire_tree(12, s.step());
+        tree.drafted_by = by;
+        let p = s.plan(Some(drafted(tree)), 12, 100).unwrap();
+        assert_eq!(p.drafted_by, None, "drafted_by {by}");
+        assert_eq!(p.tree.draft_len(), 3, "the tree itself is verified");
+        s.verified(&step(vec![0], vec![], 12, 3), grant(3), 1);
+    }
+}
+
+#[test]
 fn the_forward_that_verified_a_step_is_reported_to_the_drafter() {
     let mut s = Steps::new(0, BOUNDS, true);
     s.plan(Some(drafted(wire_tree(7, 0))), 7, 100).unwrap();
