@@ -272,6 +272,14 @@ fn bench_serve_runs_open_loop_over_both_transports_and_writes_json_and_plot() {
                 assert!(p50 >= 0.0 && p99 >= p50, "{metric}: {r}");
             }
             assert!(r["p99_e2el_ms"].as_f64().unwrap() > 0.0, "{r}");
+            // The gateway reports each request's verify steps over gRPC
+            // only: tokens per step are at least one, and so is the wait.
+            if transport == "grpc" {
+                assert!(r["tokens_per_step"].as_f64().unwrap() >= 1.0, "{r}");
+                assert!(r["tree_wait_ms_per_step"].as_f64().unwrap() >= 0.0, "{r}");
+            } else {
+                assert!(r["tokens_per_step"].is_null(), "{r}");
+            }
         }
         // Each rate's repetition ratio, as the passes' records give it.
         for pair in results.chunks(2) {

@@ -112,6 +112,18 @@ pub struct Completion {
     pub prompt_tokens: Option<usize>,
     /// Of those, the ones the server said it took from a cache.
     pub cached_tokens: Option<usize>,
+    /// What speculation did, as the gateway reported it (gRPC only).
+    pub speculation: Option<Speculated>,
+}
+
+/// One request's speculation, as the gateway's `SpeculationStats` reports
+/// it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Speculated {
+    /// Verify forwards the request's tokens took.
+    pub steps: u32,
+    /// Seconds its steps waited for the drafter's trees.
+    pub tree_wait: f64,
 }
 
 impl Completion {
@@ -138,6 +150,7 @@ impl Completion {
             text,
             prompt_tokens: None,
             cached_tokens: None,
+            speculation: None,
         }
     }
 }
@@ -229,6 +242,10 @@ impl Client {
                     c.prompt_tokens = Some(u.prompt_tokens as usize);
                     c.cached_tokens = Some(u.cached_tokens as usize);
                 }
+                c.speculation = (s.speculation.verify_steps > 0).then_some(Speculated {
+                    steps: s.speculation.verify_steps,
+                    tree_wait: s.speculation.tree_wait_seconds,
+                });
                 Ok(c)
             }
             Client::Http(http) => http.chat(ask).await,

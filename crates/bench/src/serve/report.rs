@@ -52,6 +52,8 @@ pub fn record(pass: &Pass, setup: &Setup) -> Value {
     put("request_throughput", json!(m.request_throughput));
     put("output_throughput", json!(m.output_throughput));
     put("request_goodput", json!(m.request_goodput));
+    put("tokens_per_step", json!(m.tokens_per_step));
+    put("tree_wait_ms_per_step", json!(m.tree_wait_ms_per_step));
     for (name, q) in [
         ("ttft", m.ttft),
         ("tpot", m.tpot),
@@ -85,6 +87,8 @@ pub fn table(passes: &[&Pass], setup: &Setup) -> Table {
         "ITL p99 ms",
         "E2EL p50 ms",
         "E2EL p99 ms",
+        "τ",
+        "tree wait ms/step",
     ];
     if slo.is_some() {
         header.push("goodput req/s");
@@ -107,6 +111,10 @@ pub fn table(passes: &[&Pass], setup: &Setup) -> Table {
         for q in [m.ttft, m.tpot, m.itl, m.e2el] {
             row.extend(ms(q));
         }
+        let or_dash =
+            |v: Option<f64>, digits: usize| v.map_or("—".into(), |v| format!("{v:.digits$}"));
+        row.push(or_dash(m.tokens_per_step, 2));
+        row.push(or_dash(m.tree_wait_ms_per_step, 2));
         row.extend(m.request_goodput.map(|g| format!("{g:.2}")));
         t.row(row);
     }

@@ -12,6 +12,11 @@
 //! * goodput: completed requests meeting every given SLO over the same
 //!   duration (a one-token request counts as TPOT 0 there).
 //!
+//! Over gRPC the gateway also reports each request's verify steps and
+//! their wait for trees, which explain the rest: output tokens per step
+//! (τ, 1 without speculation) and the wait per step, over the requests
+//! that reported them.
+//!
 //! Percentiles are [`crate::percentile`]'s nearest rank, as in every
 //! benchmark here.
 
@@ -122,6 +127,11 @@ pub struct Metrics {
     pub e2el: Quantiles,
     /// Good requests per second; `None` without an SLO.
     pub request_goodput: Option<f64>,
+    /// Output tokens per verify step; `None` when no request reported its
+    /// steps.
+    pub tokens_per_step: Option<f64>,
+    /// Milliseconds each verify step waited for its tree, on average.
+    pub tree_wait_ms_per_step: Option<f64>,
 }
 
 /// The metrics of `done` (the completed requests) and `failed` others over
@@ -129,6 +139,12 @@ pub struct Metrics {
 pub fn metrics(done: &[&Completion], failed: usize, duration: f64, slo: Option<&Slo>) -> Metrics {
     let per_second = |n: f64| n / duration.max(1e-9);
     let total_output_tokens = done.iter().map(|c| c.output_tokens).sum();
+    let reported: Vec<_> = done
+        .iter()
+        .filter_map(|c| c.speculation.map(|s| (c.output_tokens, s)))
+        .collect();
+    let steps: u64 = reported.iter().map(|(_, s)| u64::from(s.steps)).sum();
+    let per_step = |total: f64| (steps > 0).then(|| total / steps as f64);
     Metrics {
         completed: done.len(),
         failed,
@@ -142,6 +158,8 @@ pub fn metrics(done: &[&Completion], failed: usize, duration: f64, slo: Option<&
         e2el: Quantiles::of(done.iter().map(|c| c.e2el).collect()),
         request_goodput: slo
             .map(|slo| per_second(done.iter().filter(|c| slo.met_by(c)).count() as f64)),
+        tokens_per_step: per_step(reported.iter().map(|(n, _)| *n as f64).sum()),
+        tree_wait_ms_per_step: per_step(reported.iter().map(|(_, s)| s.tree_wait * 1e3).sum()),
     }
 }
 
@@ -159,6 +177,7 @@ mod tests {
             text: String::new(),
             prompt_tokens: None,
             cached_tokens: None,
+            speculation: None,
         }
     }
 
@@ -239,5 +258,23 @@ mod tests {
         let empty = metrics(&[], 3, 1.0, None);
         assert_eq!((empty.completed, empty.failed), (0, 3));
         assert_eq!(empty.ttft, Quantiles::default());
+    }
+
+    #[test]
+    fn tokens_and_tree_wait_per_step_count_the_requests_that_reported_steps() {
+        let speculated = |steps, tree_wait, tokens| Completion {
+            speculation: Some(crate::client::Speculated { steps, tree_wait }),
+            ..done(0.1, 1.1, tokens)
+        };
+        // 30 tokens in 10 steps that waited 20 ms in all, and 10 in 10
+        // that did not wait; a request over HTTP reports no steps.
+        let (a, b) = (speculated(10, 0.02, 30), speculated(10, 0.0, 10));
+        let http = done(0.1, 1.1, 50);
+        let m = metrics(&[&a, &b, &http], 0, 1.0, None);
+        assert!((m.tokens_per_step.unwrap() - 2.0).abs() < 1e-12);
+        assert!((m.tree_wait_ms_per_step.unwrap() - 1.0).abs() < 1e-12);
+        assert_eq!(m.total_output_tokens, 90);
+        let m = metrics(&[&http], 0, 1.0, None);
+        assert_eq!((m.tokens_per_step, m.tree_wait_ms_per_step), (None, None));
     }
 }
