@@ -328,6 +328,16 @@ mod tests {
         b.build()
     }
 
+    /// A grant of a whole tree of `offered` nodes, expected to gain
+    /// `expected` accepted tokens.
+    fn whole(offered: usize, expected: f64) -> Granted {
+        Granted {
+            offered,
+            expected,
+            kept: None,
+        }
+    }
+
     fn plan_for(g: &mut Goodput, trees: &mut [TokenTree], s: &[&SessionPlanning]) -> BatchPlan {
         let mut refs: Vec<&mut TokenTree> = trees.iter_mut().collect();
         g.plan(&mut refs, s, 0)
@@ -366,20 +376,12 @@ mod tests {
         );
         plan_for(&mut g, &mut trees, &[&a, &b]);
         let mut s = SessionPlanning::new(Sources::Auto, 16);
-        let poor = Granted {
-            offered: 4,
-            expected: 0.01,
-            kept: None,
-        };
+        let poor = whole(4, 0.01);
         for _ in 0..30 {
             g.learn(&mut s, &chain(&[0.1]), &[0], &poor);
         }
         assert_eq!(s.node_budget(), 0);
-        let good = Granted {
-            offered: 4,
-            expected: 3.0,
-            kept: None,
-        };
+        let good = whole(4, 3.0);
         for _ in 0..30 {
             g.learn(&mut s, &chain(&[0.9, 0.9, 0.9]), &[0, 1, 2, 3], &good);
         }
@@ -429,11 +431,7 @@ mod tests {
         // accepted and whose draft-model trees of that score never were.
         let mut g = Goodput::new(true, 512, cpu());
         let mut s = SessionPlanning::new(Sources::Auto, 16);
-        let grant = Granted {
-            offered: 2,
-            expected: 1.0,
-            kept: None,
-        };
+        let grant = whole(2, 1.0);
         for _ in 0..40 {
             s.drafted_by(Some(Sources::ModelFree));
             g.learn(&mut s, &chain(&[0.15, 0.15]), &[0, 1, 2], &grant);
@@ -462,11 +460,7 @@ mod tests {
         let mut g = Goodput::new(true, 512, cpu());
         let mut s = SessionPlanning::new(Sources::ModelFree, 16);
         let tree = chain(&[0.15, 0.15]);
-        let grant = Granted {
-            offered: 8,
-            expected: 1.0,
-            kept: None,
-        };
+        let grant = whole(8, 1.0);
         for _ in 0..40 {
             g.learn(&mut s, &tree, &[0, 1, 2], &grant);
         }
