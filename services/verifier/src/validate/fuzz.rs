@@ -70,7 +70,8 @@ fn any_request() -> impl Strategy<Value = v1::RunRequest> {
                     release_cache,
                     cache_salt: tenant.chars().rev().collect(),
                     logprobs: release_cache,
-                    min_new_tokens: max_new_tokens / 2 + (epoch % 2) as u32 * max_new_tokens,
+                    min_new_tokens: (max_new_tokens / 2)
+                        .saturating_add((epoch % 2) as u32 * max_new_tokens),
                     ignore_eos: epoch % 5 == 0,
                     top_logprobs: epoch as u32 % 24,
                     structured: (epoch % 3 == 0).then(|| v1::Structured {
