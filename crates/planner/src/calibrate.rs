@@ -180,6 +180,27 @@ mod tests {
     }
 
     #[test]
+    fn a_session_whose_acceptance_decays_is_followed_within_tens_of_steps() {
+        // Accepted at first, then, deep into its context, never: the
+        // session's own table follows within 60 steps while the shared
+        // one, which other sessions teach too, still remembers the start.
+        let tree = chain(&[0.75, 0.75]);
+        let mut c = Calibration::default();
+        let mut shared = ScoreTable::default();
+        for _ in 0..100 {
+            c.observe(&mut shared, &tree, &[0, 1, 2]);
+        }
+        assert!(c.estimate(&shared, 0.75) > 0.9);
+        for _ in 0..60 {
+            c.observe(&mut shared, &tree, &[0]);
+        }
+        let fresh = Calibration::default();
+        assert!(fresh.estimate(&shared, 0.75) > 0.5);
+        let e = c.estimate(&shared, 0.75);
+        assert!(e < 0.3, "{e}");
+    }
+
+    #[test]
     fn estimates_never_grow_along_a_path() {
         let tree = chain(&[0.3, 0.3, 0.3]);
         let mut c = Calibration::default();

@@ -14,7 +14,9 @@
 //! ```
 //!
 //! - `p(node)` is the drafter's score for the path to the node, calibrated
-//!   online against what the target accepted ([`calibrate`]).
+//!   online against what the target accepted ([`calibrate`]), then
+//!   scaled per depth by what the granted nodes' estimates missed by
+//!   ([`correct`]).
 //! - `forward(n)` is the time of one forward over `n` tokens, learned from
 //!   the verifier's measured steps with the start-up calibration as its
 //!   prior ([`cost::StepModel`]); `fixed` is what a step costs besides its
@@ -33,7 +35,8 @@
 //! What a session costs by speculating at all — the batch waits for its
 //! tree, its drafter competes for the cores — is sunk once its tree is
 //! there, so it cannot be priced within a step; it is measured across
-//! steps ([`overhead::Overhead`]) and decides each session's node-budget
+//! steps (the step's gap: [`overhead::Overhead`]; drafting's toll on the
+//! forward: [`contention::Contention`]) and decides each session's node-budget
 //! forecast ([`forecast`]): a session whose expected gain does not pay for
 //! it is told to send no trees but probes.
 //!
@@ -43,12 +46,17 @@
 #![forbid(unsafe_code)]
 
 pub mod calibrate;
+pub mod contention;
+pub mod correct;
 pub mod cost;
+mod fit;
 pub mod forecast;
 pub mod overhead;
 pub mod plan;
 
 pub use calibrate::{Calibration, ScoreTable};
+pub use contention::Contention;
+pub use correct::DepthCorrection;
 pub use cost::StepModel;
 pub use forecast::Forecast;
 pub use overhead::Overhead;

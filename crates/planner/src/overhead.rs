@@ -12,17 +12,23 @@
 //! ([`Overhead::pays`]). Otherwise its forecast is 0, and its drafter
 //! stops sending trees but for probes.
 
+use crate::fit::DecayedLine;
+
 /// Forgetting per observed step: ~200 steps of memory.
 const DECAY: f64 = 0.995;
 
-/// Exponentially weighted sums of (x, y) = (speculating sessions, gap).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// The fitted line of (speculating sessions, gap).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Overhead {
-    n: f64,
-    sx: f64,
-    sy: f64,
-    sxx: f64,
-    sxy: f64,
+    line: DecayedLine,
+}
+
+impl Default for Overhead {
+    fn default() -> Overhead {
+        Overhead {
+            line: DecayedLine::new(DECAY),
+        }
+    }
 }
 
 impl Overhead {
@@ -30,32 +36,24 @@ impl Overhead {
     /// `seconds` outside its forward. Non-finite or negative times are
     /// ignored.
     pub fn observe(&mut self, speculating: usize, seconds: f64) {
-        if !(seconds.is_finite() && seconds >= 0.0) {
-            return;
+        if seconds >= 0.0 {
+            self.line.add(speculating as f64, seconds);
         }
-        let x = speculating as f64;
-        self.n = self.n * DECAY + 1.0;
-        self.sx = self.sx * DECAY + x;
-        self.sy = self.sy * DECAY + seconds;
-        self.sxx = self.sxx * DECAY + x * x;
-        self.sxy = self.sxy * DECAY + x * seconds;
     }
 
     /// Seconds one more speculating session adds to a step (0 until the
     /// steps seen vary enough in how many sessions speculated).
     pub fn per_session(&self) -> f64 {
-        let var = self.n * self.sxx - self.sx * self.sx;
-        if self.n < 8.0 || var <= 1e-9 * self.n * self.n {
-            return 0.0;
-        }
-        ((self.n * self.sxy - self.sx * self.sy) / var).max(0.0)
+        self.line.slope().map_or(0.0, |s| s.max(0.0))
     }
 
     /// Whether a session expected to gain `gain` accepted tokens per step
-    /// pays for its overhead in a batch committing `goodput` tokens per
+    /// pays for its overhead, and for `extra` seconds per step its
+    /// speculating costs besides (its drafting's toll on the forward, see
+    /// [`crate::contention`]), in a batch committing `goodput` tokens per
     /// second.
-    pub fn pays(&self, gain: f64, goodput: f64) -> bool {
-        gain.is_finite() && gain > self.per_session() * goodput.max(0.0)
+    pub fn pays(&self, gain: f64, extra: f64, goodput: f64) -> bool {
+        gain.is_finite() && gain > (self.per_session() + extra.max(0.0)) * goodput.max(0.0)
     }
 }
 
@@ -80,9 +78,12 @@ mod tests {
         );
         // At 200 tokens/s a token is worth 5 ms: half a token per step pays
         // 0.5 ms, a tenth does not.
-        assert!(o.pays(0.5, 200.0));
-        assert!(!o.pays(0.05, 200.0));
-        assert!(!o.pays(f64::NAN, 200.0));
+        assert!(o.pays(0.5, 0.0, 200.0));
+        assert!(!o.pays(0.05, 0.0, 200.0));
+        assert!(!o.pays(f64::NAN, 0.0, 200.0));
+        // Half a token no longer pays when its drafting costs the forward
+        // 3 ms more.
+        assert!(!o.pays(0.5, 0.003, 200.0));
     }
 
     #[test]
@@ -102,6 +103,6 @@ mod tests {
             o.observe(i % 4, 0.004 - 0.001 * (i % 4) as f64);
         }
         assert_eq!(o.per_session(), 0.0);
-        assert!(o.pays(0.01, 1000.0));
+        assert!(o.pays(0.01, 0.0, 1000.0));
     }
 }

@@ -103,6 +103,8 @@ pub fn tree_to_wire(tree: &TokenTree, epoch: u64, step: u64) -> v1::TokenTree {
         span: 0,
         drafted_ahead: false,
         drafted_by: v1::DraftSources::Auto as i32,
+        draft_micros: 0,
+        ahead_micros: 0,
     }
 }
 

@@ -63,7 +63,7 @@ pub use report::Reported;
 
 use crate::drafters::SessionDrafter;
 use crate::error::DrafterError;
-use crate::validate::SentTree;
+use crate::validate::{Computed, SentTree};
 use specmesh_proto::StartSpec;
 
 /// What [`DraftSession::apply`] made of an outcome.
@@ -243,6 +243,8 @@ pub struct DraftSession {
     /// The guess's context (reused: no allocation per step).
     ahead_context: Vec<u32>,
     ahead_stats: AheadStats,
+    /// `ahead_stats.secs` as last reported on a tree.
+    ahead_reported: f64,
 }
 
 impl DraftSession {
@@ -307,6 +309,7 @@ impl DraftSession {
             hit_rate: 0.0,
             ahead_context: Vec::new(),
             ahead_stats: AheadStats::default(),
+            ahead_reported: 0.0,
         })
     }
 
@@ -441,6 +444,7 @@ impl DraftSession {
                 tree: None,
                 drafted_ahead: false,
                 drafted_by: None,
+                computed: Computed::default(),
             },
             nodes: 0,
             took: Duration::ZERO,
@@ -555,7 +559,14 @@ impl DraftSession {
             tree: Some(tree.clone()),
             drafted_ahead: drafted_ahead && fits,
             drafted_by: Some(plan.arm),
+            computed: Computed {
+                draft: took,
+                ahead: Duration::from_secs_f64(
+                    (self.ahead_stats.secs - self.ahead_reported).max(0.0),
+                ),
+            },
         };
+        self.ahead_reported = self.ahead_stats.secs;
         let nodes = tree.draft_len();
         self.awaited = Some(Awaited::Tree {
             step: plan.step,

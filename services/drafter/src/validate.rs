@@ -11,6 +11,8 @@
 //! verifier that sends a bad path or a token outside the vocabulary has a
 //! bug, and drafting on top of a corrupted context would only hide it.
 
+use std::time::Duration;
+
 use specmesh_draft::{Arm, TokenTree};
 use specmesh_proto::field::check_tokens;
 use specmesh_proto::{StartSpec, tree_to_wire, v1};
@@ -110,6 +112,19 @@ pub struct SentTree {
     pub drafted_ahead: bool,
     /// The arm that drafted it; `None` for a run of steps sent ahead.
     pub drafted_by: Option<Arm>,
+    /// The drafter's compute for it: just before sending, and ahead of
+    /// the outcome before it (see [`Computed`]).
+    pub computed: Computed,
+}
+
+/// What drafting a tree took the drafter, for the verifier's planner,
+/// which prices drafting on the cores it shares.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Computed {
+    /// Drafting just before the tree was sent.
+    pub draft: Duration,
+    /// Drafting ahead, while the target verified the previous step.
+    pub ahead: Duration,
 }
 
 impl From<&SentTree> for v1::TokenTree {
@@ -118,6 +133,8 @@ impl From<&SentTree> for v1::TokenTree {
             Some(tree) => v1::TokenTree {
                 drafted_ahead: t.drafted_ahead,
                 drafted_by: t.drafted_by.map_or(v1::DraftSources::Auto, drafted_by) as i32,
+                draft_micros: micros(t.computed.draft),
+                ahead_micros: micros(t.computed.ahead),
                 ..tree_to_wire(tree, t.epoch, t.step)
             },
             None => v1::TokenTree {
@@ -128,6 +145,11 @@ impl From<&SentTree> for v1::TokenTree {
             },
         }
     }
+}
+
+/// A duration as whole microseconds for the wire (saturating).
+fn micros(d: Duration) -> u32 {
+    u32::try_from(d.as_micros()).unwrap_or(u32::MAX)
 }
 
 /// An arm as the way of drafting the verifier's planner calibrates apart.

@@ -36,6 +36,11 @@ pub struct BatchMetrics {
     pub model_fixed: Gauge,
     /// Seconds one more speculating session adds to a step (measured).
     pub overhead_per_session: Gauge,
+    /// Forward seconds one second of concurrent drafting adds, and the
+    /// share of drafting that ran during forwards (measured; see
+    /// `specmesh_planner::contention`).
+    pub drafting_slowdown: Gauge,
+    pub drafting_overlap: Gauge,
     /// Steps that went on root-only because their batch called them in
     /// before their tree came (see `batcher::yielding`), by patience.
     pub trees_yielded: IntCounterVec,
@@ -171,6 +176,17 @@ impl BatchMetrics {
                 "Seconds one more session bringing a tree adds to a step, measured across steps.",
             )
             .expect("valid gauge"),
+            drafting_slowdown: Gauge::new(
+                "specmesh_planner_drafting_slowdown",
+                "Forward seconds one second of drafting during the forward adds, measured \
+                 (about 0 with drafters on other hosts).",
+            )
+            .expect("valid gauge"),
+            drafting_overlap: Gauge::new(
+                "specmesh_planner_drafting_overlap_ratio",
+                "Share of the drafters' reported drafting time that ran during forwards.",
+            )
+            .expect("valid gauge"),
             trees_yielded: IntCounterVec::new(
                 Opts::new(
                     "specmesh_verify_trees_yielded_total",
@@ -198,6 +214,8 @@ impl BatchMetrics {
         register(registry, self.model_forward.clone());
         register(registry, self.model_fixed.clone());
         register(registry, self.overhead_per_session.clone());
+        register(registry, self.drafting_slowdown.clone());
+        register(registry, self.drafting_overlap.clone());
         register(registry, self.trees_yielded.clone());
     }
 }

@@ -25,6 +25,7 @@ use specmesh_model::Model;
 use specmesh_tree::TokenTree;
 use tokio::sync::oneshot;
 
+use crate::drafting::DraftingLog;
 use crate::error::VerifierError;
 use crate::goodput::{Goodput, Granted, SessionPlanning};
 use crate::memory::{KvMemory, PrefixKey};
@@ -73,6 +74,9 @@ pub struct Counters {
     /// Sessions waiting for trees the batch may call them in without
     /// (see [`yielding`]).
     pub yields: Yields,
+    /// When drafters drafted, as their trees report it (see
+    /// [`crate::drafting`]).
+    pub drafting: DraftingLog,
 }
 
 /// How long a batch waits for the decoding sessions still missing after a

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use specmesh_proto::v1::drafter_client::DrafterClient;
 use specmesh_proto::{last_step, v1};
@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
+use crate::drafting::DraftingLog;
 use crate::step::Answer;
 use crate::validate;
 
@@ -69,6 +70,8 @@ pub struct DraftLink {
     rx: tonic::Streaming<v1::TokenTree>,
     /// A tree that arrived for a later step than the one asked for.
     early: Option<v1::TokenTree>,
+    /// When the last tree arrived (drafting ahead starts about then).
+    arrived: Option<Instant>,
 }
 
 impl DraftLink {
@@ -111,6 +114,7 @@ impl DraftLink {
             tx,
             rx: response.into_inner(),
             early: None,
+            arrived: None,
         })
     }
 
@@ -128,13 +132,16 @@ impl DraftLink {
     /// step, or a span that started earlier and covers it. Trees of other
     /// epochs or for earlier steps only are late or duplicated: dropped.
     /// [`Answer::Late`]: no tree in time (verify the root alone). The tree
-    /// is read within `limits` (see `validate::drafted`).
+    /// is read within `limits` (see `validate::drafted`). Every tree that
+    /// arrives logs its drafting into `drafting`, stale ones too: their
+    /// drafting ran on some cores all the same.
     pub async fn tree_for(
         &mut self,
         epoch: u64,
         step: u64,
         wait: Duration,
         limits: TreeLimits,
+        drafting: &DraftingLog,
     ) -> Answer {
         if let Some(t) = self.early.take() {
             if t.step > step {
@@ -159,6 +166,13 @@ impl DraftLink {
                 Ok(Ok(None)) => return Answer::Lost("the drafter closed the stream".into()),
                 Ok(Ok(Some(t))) => t,
             };
+            let now = Instant::now();
+            drafting.record(
+                now,
+                self.arrived.replace(now),
+                Duration::from_micros(tree.draft_micros.into()),
+                Duration::from_micros(tree.ahead_micros.into()),
+            );
             if tree.epoch != epoch || covered_through(&tree) < step {
                 tracing::debug!(
                     tree_epoch = tree.epoch,

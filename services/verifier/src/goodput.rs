@@ -7,7 +7,8 @@
 //! travels with the session's step job, as the KV cache does), so nothing
 //! here outlives a session. What sessions share lives here: the step-time
 //! model, and one score table per kind of drafting (`auto`, `model-free`,
-//! `draft-model`, `combined`), every new session's prior.
+//! `draft-model`, `combined`), every new session's prior, with what the
+//! granted nodes' estimates missed by per depth (`specmesh_planner::correct`).
 //!
 //! A tree is calibrated by the kind that drafted it, which the drafter
 //! names (`TokenTree.drafted_by`) when it chooses per step, as for `auto`
@@ -16,9 +17,16 @@
 //! left the draft model kept being granted less for its model-free trees).
 //! A session keeps its own calibration per kind too.
 
+use std::time::Instant;
+
 use specmesh_draft::Sources;
-use specmesh_planner::{Calibration, Forecast, Offer, Overhead, Planner, ScoreTable, StepModel};
+use specmesh_planner::{
+    Calibration, Contention, DepthCorrection, Forecast, Offer, Overhead, Planner, ScoreTable,
+    StepModel,
+};
 use specmesh_tree::TokenTree;
+
+use crate::drafting::{DraftingLog, Forward, Overlaps};
 
 /// What a session carries for the planner from step to step.
 #[derive(Debug, Clone)]
@@ -34,8 +42,10 @@ pub struct SessionPlanning {
     /// a tree (moving average).
     gain: f64,
     /// Whether that gain pays for what its speculating costs the batch
-    /// (see `specmesh_planner::overhead`).
+    /// (see `specmesh_planner::overhead` and `::contention`).
     pays: bool,
+    /// Seconds its drafter computes per tree (moving average).
+    drafting: f64,
 }
 
 impl SessionPlanning {
@@ -49,13 +59,18 @@ impl SessionPlanning {
             drafted_by: kind,
             gain: 1.0,
             pays: true,
+            drafting: 0.0,
         }
     }
 
     /// This step's tree was drafted by `by` (`None`: by the session's own
-    /// sources).
-    pub fn drafted_by(&mut self, by: Option<Sources>) {
+    /// sources), its drafter computing `seconds` for it (`None`: not
+    /// measured, as from an older drafter).
+    pub fn drafted(&mut self, by: Option<Sources>, seconds: Option<f64>) {
         self.drafted_by = by.map_or(self.kind, kind);
+        if let Some(s) = seconds.filter(|s| s.is_finite() && *s >= 0.0) {
+            self.drafting += 0.2 * (s - self.drafting);
+        }
     }
 
     /// The session's calibration of this step's tree, and the shared
@@ -155,10 +170,18 @@ pub struct Goodput {
     /// forwards of different batch sizes teach different models.
     models: Vec<StepModel>,
     shared: [ScoreTable; KINDS],
+    /// Per kind of drafting, what granted nodes' estimates missed by.
+    corrections: [DepthCorrection; KINDS],
     planner: Planner,
     /// Per batch slot, reused.
     estimates: Vec<Vec<f64>>,
+    /// A verified tree's estimates, when learning (reused).
+    learnt: Vec<f64>,
     overhead: Overhead,
+    /// What drafting on these cores costs the forwards, and the forwards
+    /// waiting for the drafting that overlapped them.
+    contention: Contention,
+    overlaps: Overlaps,
     /// Predicted committed tokens per second of the batches planned
     /// (moving average): what a session's overhead is priced at.
     goodput: f64,
@@ -172,9 +195,13 @@ impl Goodput {
             max_tokens,
             models: vec![model; CLASSES],
             shared: [ScoreTable::default(); KINDS],
+            corrections: [DepthCorrection::default(); KINDS],
             planner: Planner::default(),
             estimates: Vec::new(),
+            learnt: Vec::new(),
             overhead: Overhead::default(),
+            contention: Contention::default(),
+            overlaps: Overlaps::default(),
             goodput: 0.0,
         }
     }
@@ -216,6 +243,7 @@ impl Goodput {
         for ((t, s), e) in trees.iter().zip(sessions).zip(&mut self.estimates) {
             let k = s.drafted_by;
             s.calibrations[k].estimates(&self.shared[k], t, e);
+            self.corrections[k].apply(t, e);
         }
         let offers: Vec<Offer<'_>> = trees
             .iter()
@@ -274,17 +302,43 @@ impl Goodput {
         if grant.offered == 0 {
             return;
         }
+        let k = session.drafted_by;
         let (own, shared) = session.calibration(&mut self.shared);
+        own.estimates(shared, tree, &mut self.learnt);
+        self.corrections[k].observe(tree, &self.learnt, path);
         own.observe(shared, tree, path);
         session.forecast.observe(grant.offered, tree.draft_len());
         session.gain += 0.2 * (grant.expected - session.gain);
-        session.pays = self.overhead.pays(session.gain, self.goodput);
+        let drafting = self.contention.price(session.drafting);
+        session.pays = self.overhead.pays(session.gain, drafting, self.goodput);
     }
 
-    /// A forward over `tokens` tokens of `sessions` sessions took
-    /// `seconds`.
-    pub fn observe_forward(&mut self, sessions: usize, tokens: usize, seconds: f64) {
-        self.models[class(sessions)].observe(tokens, seconds);
+    /// A forward over `tokens` tokens of `sessions` sessions ran from
+    /// `start` for `seconds`: learnt once the drafting that overlapped it
+    /// is known ([`Goodput::settle`]).
+    pub fn forward_done(&mut self, sessions: usize, tokens: usize, start: Instant, seconds: f64) {
+        let end = start + std::time::Duration::from_secs_f64(seconds.max(0.0));
+        self.overlaps.forward(Forward {
+            start,
+            end,
+            sessions,
+            tokens,
+            seconds,
+        });
+    }
+
+    /// Learns the forwards whose overlapping drafting is known by `now`
+    /// from `log`: what drafting during them cost (the contention), and
+    /// their time without it (the step-time models).
+    pub fn settle(&mut self, log: &DraftingLog, now: Instant) {
+        let (models, contention) = (&mut self.models, &mut self.contention);
+        let logged = self.overlaps.settle(log, now, |f, overlap| {
+            let model = &mut models[class(f.sessions)];
+            contention.observe(overlap, f.seconds - model.forward(f.tokens));
+            let alone = f.seconds - contention.slowdown() * overlap;
+            model.observe(f.tokens, alone.max(0.5 * f.seconds));
+        });
+        self.contention.drafted(logged);
     }
 
     /// A step in which `speculating` sessions brought trees spent
@@ -312,6 +366,8 @@ impl Goodput {
         }
         m.model_fixed.set(self.models[0].fixed());
         m.overhead_per_session.set(self.overhead_per_session());
+        m.drafting_slowdown.set(self.contention.slowdown());
+        m.drafting_overlap.set(self.contention.overlapped_share());
     }
 }
 
@@ -415,6 +471,87 @@ mod tests {
     }
 
     #[test]
+    fn drafting_that_slows_the_forward_is_priced_in() {
+        use crate::drafting::SETTLE;
+        use std::time::Duration;
+        // Forwards of 4 tokens taking what the model says (15 ms) plus
+        // `slowdown` seconds per second of drafting during them; a session
+        // gaining 0.3 tokens a step whose drafter computes 6 ms a tree.
+        let told_to_draft = |slowdown: f64| {
+            let mut g = Goodput::new(true, 512, cpu());
+            let log = DraftingLog::default();
+            let t0 = Instant::now();
+            let at = |ms: u64| t0 + Duration::from_millis(ms);
+            for i in 0..300u64 {
+                let start = at(40 * i);
+                let overlap = 0.002 * (i % 4) as f64;
+                let d = Duration::from_secs_f64(overlap);
+                log.record(start + d, None, d, Duration::ZERO);
+                g.forward_done(1, 4, start, 0.015 + slowdown * overlap);
+                g.settle(&log, start);
+            }
+            g.settle(&log, at(40 * 300) + SETTLE);
+            for _ in 0..50 {
+                let mut trees = vec![chain(&[0.5])];
+                let p = SessionPlanning::new(Sources::ModelFree, 16);
+                plan_for(&mut g, &mut trees, &[&p]);
+            }
+            let mut s = SessionPlanning::new(Sources::ModelFree, 16);
+            let grant = whole(2, 0.3);
+            for _ in 0..40 {
+                s.drafted(None, Some(0.006));
+                g.learn(&mut s, &chain(&[0.5, 0.5]), &[0, 1], &grant);
+            }
+            (g.contention.slowdown(), s.node_budget() > 0)
+        };
+        let (slowdown, drafts) = told_to_draft(1.0);
+        assert!((slowdown - 1.0).abs() < 0.05, "{slowdown}");
+        assert!(
+            !drafts,
+            "on shared cores its drafting costs more than it gains"
+        );
+        // A drafter on another host: the forward does not slow down.
+        let (slowdown, drafts) = told_to_draft(0.0);
+        assert!(slowdown < 0.05, "{slowdown}");
+        assert!(drafts);
+    }
+
+    #[test]
+    fn what_the_planner_expects_is_what_the_target_accepts() {
+        // Two sibling drafts scored 0.6: the target takes the first two
+        // steps in three, the second never. Each bin's rate alone expects
+        // 1.2 tokens a step where 0.67 come.
+        let siblings = || {
+            let mut b = TreeBuilder::new(1, TreeLimits::new(8, 8, 100)).unwrap();
+            b.push(0, 10, 0.6).unwrap();
+            b.push(0, 11, 0.6).unwrap();
+            b.build()
+        };
+        let mut g = Goodput::new(true, 512, cpu());
+        let mut s = SessionPlanning::new(Sources::ModelFree, 16);
+        let (mut expected, mut accepted) = (0.0, 0.0);
+        for i in 0..1500 {
+            let mut trees = vec![siblings()];
+            let plan = plan_for(&mut g, &mut trees, &[&s]);
+            let t = &trees[0];
+            let path = match t.child_with(0, 10) {
+                Some(c) if i % 3 != 0 => vec![0, c],
+                _ => vec![0],
+            };
+            if i >= 1000 {
+                expected += plan.expected;
+                accepted += (path.len() - 1) as f64;
+            }
+            g.learn(&mut s, t, &path, &plan.grants[0]);
+        }
+        assert!(accepted > 100.0, "the drafts are still verified");
+        assert!(
+            (expected / accepted - 1.0).abs() < 0.05,
+            "expected {expected}, accepted {accepted}"
+        );
+    }
+
+    #[test]
     fn disabled_verifies_whole_trees() {
         let mut g = Goodput::new(false, 512, cpu());
         let s = SessionPlanning::new(Sources::Auto, 16);
@@ -433,13 +570,13 @@ mod tests {
         let mut s = SessionPlanning::new(Sources::Auto, 16);
         let grant = whole(2, 1.0);
         for _ in 0..40 {
-            s.drafted_by(Some(Sources::ModelFree));
+            s.drafted(Some(Sources::ModelFree), None);
             g.learn(&mut s, &chain(&[0.15, 0.15]), &[0, 1, 2], &grant);
-            s.drafted_by(Some(Sources::DraftModel));
+            s.drafted(Some(Sources::DraftModel), None);
             g.learn(&mut s, &chain(&[0.15, 0.15]), &[0], &grant);
         }
         let granted = |g: &mut Goodput, s: &mut SessionPlanning, by| {
-            s.drafted_by(by);
+            s.drafted(by, None);
             let mut trees = vec![chain(&[0.15, 0.15])];
             plan_for(g, &mut trees, &[&*s]).granted
         };

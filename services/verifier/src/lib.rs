@@ -17,6 +17,7 @@ pub mod calibrate;
 pub mod config;
 mod draft_link;
 mod drafters;
+mod drafting;
 mod error;
 mod goodput;
 mod memory;

@@ -48,6 +48,8 @@ pub struct Drafted {
     pub drafted_ahead: bool,
     /// The way of drafting that made it, when the drafter named one.
     pub drafted_by: Option<Sources>,
+    /// Seconds the drafter computed for it, when it said.
+    pub drafting: Option<f64>,
 }
 
 /// The tree a step verifies.
@@ -62,6 +64,9 @@ pub struct Planned {
     /// The way of drafting that made the tree, when the drafter named one
     /// (the planner calibrates its scores apart).
     pub drafted_by: Option<Sources>,
+    /// Seconds the drafter computed for the tree, when it said (the
+    /// planner prices drafting on shared cores).
+    pub drafting: Option<f64>,
 }
 
 /// What a verified step sends.
@@ -210,6 +215,7 @@ impl Steps {
     ) -> Result<Planned, VerifierError> {
         let mut dropped = None;
         let mut drafted_by = None;
+        let mut drafting = None;
         let tree = if !self.wants_tree() {
             root_only(root, self.bounds.vocab)?
         } else {
@@ -230,10 +236,12 @@ impl Steps {
                 }
                 Answer::Tree(drafted) => {
                     let (ahead, by) = (drafted.drafted_ahead, drafted.drafted_by);
+                    let took = drafted.drafting;
                     match self.accept(drafted, root, room) {
                         Ok(planned) => {
                             self.drafted_ahead = ahead;
                             drafted_by = by;
+                            drafting = took;
                             planned
                         }
                         Err(why) => {
@@ -261,6 +269,7 @@ impl Steps {
             },
             dropped,
             drafted_by,
+            drafting,
         })
     }
 

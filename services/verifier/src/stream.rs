@@ -203,7 +203,7 @@ async fn drive_inner(
                 let mut wait = v.batcher.yielding_wait(patience);
                 Some(tokio::select! {
                     biased;
-                    a = l.tree_for(steps.epoch(), steps.step(), v.config.draft_timeout, steps.tree_limits()) => a,
+                    a = l.tree_for(steps.epoch(), steps.step(), v.config.draft_timeout, steps.tree_limits(), &v.batcher.counters().drafting) => a,
                     () = wait.called() => {
                         phases.trees_yielded.with_label_values(&[patience.label()]).inc();
                         Answer::Late
@@ -227,7 +227,7 @@ async fn drive_inner(
             link = None;
         }
         let offered = planned.tree.draft_len();
-        planning.drafted_by(planned.drafted_by);
+        planning.drafted(planned.drafted_by, planned.drafting);
         let span = tracing::info_span!(
             "verify_step",
             step = steps.step(),

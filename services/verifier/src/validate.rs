@@ -175,6 +175,7 @@ pub fn drafted(wire: v1::TokenTree, limits: TreeLimits) -> Answer {
             last: last_step(wire.step, span),
             drafted_ahead: false,
             drafted_by: None,
+            drafting: None,
         });
     }
     match tree_from_wire(&wire, limits) {
@@ -183,9 +184,17 @@ pub fn drafted(wire: v1::TokenTree, limits: TreeLimits) -> Answer {
             last: wire.step,
             drafted_ahead: wire.drafted_ahead,
             drafted_by: drafted_by(wire.drafted_by),
+            drafting: drafting(&wire),
         }),
         Err(e) => invalid(&e),
     }
+}
+
+/// Seconds the drafter computed for a tree; `None` when it did not say
+/// (an older drafter).
+fn drafting(wire: &v1::TokenTree) -> Option<f64> {
+    let micros = u64::from(wire.draft_micros) + u64::from(wire.ahead_micros);
+    (micros > 0).then_some(micros as f64 * 1e-6)
 }
 
 /// The way of drafting a tree names; `None` (the session's own sources)

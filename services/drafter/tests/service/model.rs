@@ -52,6 +52,8 @@ async fn sessions_draft_with_the_model_on_plain_text() {
         "the draft model's greedy token {next} is drafted: {tree:?}"
     );
     assert_eq!(tree.drafted_by, v1::DraftSources::DraftModel as i32);
+    // A model forward ran for it: the verifier prices that drafting.
+    assert!(tree.draft_micros > 0, "the drafting is measured: {tree:?}");
     // Every step is answered; the model keeps drafting as text is committed.
     let mut context = prompt.clone();
     let mut tree = tree;

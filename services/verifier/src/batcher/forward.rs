@@ -4,7 +4,7 @@
 //! the chunk, then step by step, so only the bad item fails.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use specmesh_engine::{FusedStep, PrefillChunk, Session, step_batch_fused};
 use specmesh_model::Model;
@@ -35,6 +35,7 @@ pub(super) fn run_batch(
 ) {
     let m = &counters.metrics;
     let start = Instant::now();
+    goodput.settle(&counters.drafting, start);
     if let Some(end) = last_forward.take() {
         let gap = start.duration_since(end);
         if gap < MAX_STEP_GAP {
@@ -122,8 +123,13 @@ fn verify(
             times,
             prefilled,
         }) => {
-            *last_forward = Some(Instant::now());
-            goodput.observe_forward(n, tokens + prefilled, times.forward);
+            let now = Instant::now();
+            *last_forward = Some(now);
+            // Verification and commit follow the forward.
+            let after = Duration::from_secs_f64((times.verify + times.commit).max(0.0));
+            let forward = Duration::from_secs_f64(times.forward.max(0.0));
+            let began = now.checked_sub(after + forward).unwrap_or(now);
+            goodput.forward_done(n, tokens + prefilled, began, times.forward);
             if prefilled > 0 {
                 m.prefill_tokens.inc_by(prefilled as u64);
                 m.prefill_fused_tokens.inc_by(prefilled as u64);

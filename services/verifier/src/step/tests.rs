@@ -241,8 +241,12 @@ fn the_way_a_tree_was_drafted_reaches_the_planner() {
     let mut s = Steps::new(0, BOUNDS, true);
     let mut by_model = wire_tree(7, 0);
     by_model.drafted_by = v1::DraftSources::DraftModel as i32;
+    by_model.draft_micros = 1500;
+    by_model.ahead_micros = 500;
     let p = s.plan(Some(drafted(by_model)), 7, 100).unwrap();
     assert_eq!(p.drafted_by, Some(Sources::DraftModel));
+    // What drafting it took, for the planner's price of drafting.
+    assert!((p.drafting.unwrap() - 0.002).abs() < 1e-12);
     s.verified(&step(vec![0, 1], vec![11], 12, 3), grant(3), 1);
 
     // Unset, or a value this verifier does not know (a newer drafter's):
@@ -252,6 +256,7 @@ fn the_way_a_tree_was_drafted_reaches_the_planner() {
         tree.drafted_by = by;
         let p = s.plan(Some(drafted(tree)), 12, 100).unwrap();
         assert_eq!(p.drafted_by, None, "drafted_by {by}");
+        assert_eq!(p.drafting, None, "an older drafter says nothing of it");
         assert_eq!(p.tree.draft_len(), 3, "the tree itself is verified");
         s.verified(&step(vec![0], vec![], 12, 3), grant(3), 1);
     }
