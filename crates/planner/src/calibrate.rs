@@ -159,6 +159,19 @@ mod tests {
         assert_eq!(bin(1.0), BINS - 1);
     }
 
+    /// `steps` verifications of `tree`, step `i` accepting `path(i)`.
+    fn teach(
+        c: &mut Calibration,
+        shared: &mut ScoreTable,
+        tree: &TokenTree,
+        steps: usize,
+        path: impl Fn(usize) -> Vec<usize>,
+    ) {
+        for i in 0..steps {
+            c.observe(shared, tree, &path(i));
+        }
+    }
+
     #[test]
     fn an_optimistic_drafter_is_corrected() {
         // The drafter says 0.95 for every node; the target accepts the
@@ -166,10 +179,9 @@ mod tests {
         let tree = chain(&[0.95, 0.95]);
         let mut c = Calibration::default();
         let mut shared = ScoreTable::default();
-        for i in 0..200 {
-            let path: &[usize] = if i % 5 == 0 { &[0, 1] } else { &[0] };
-            c.observe(&mut shared, &tree, path);
-        }
+        teach(&mut c, &mut shared, &tree, 200, |i| {
+            if i % 5 == 0 { vec![0, 1] } else { vec![0] }
+        });
         let e = c.estimate(&shared, 0.95);
         assert!(e < 0.2, "{e}");
         // A new session of the same kind starts from the shared table.
@@ -187,13 +199,9 @@ mod tests {
         let tree = chain(&[0.75, 0.75]);
         let mut c = Calibration::default();
         let mut shared = ScoreTable::default();
-        for _ in 0..100 {
-            c.observe(&mut shared, &tree, &[0, 1, 2]);
-        }
+        teach(&mut c, &mut shared, &tree, 100, |_| vec![0, 1, 2]);
         assert!(c.estimate(&shared, 0.75) > 0.9);
-        for _ in 0..60 {
-            c.observe(&mut shared, &tree, &[0]);
-        }
+        teach(&mut c, &mut shared, &tree, 60, |_| vec![0]);
         let fresh = Calibration::default();
         assert!(fresh.estimate(&shared, 0.75) > 0.5);
         let e = c.estimate(&shared, 0.75);

@@ -1,4 +1,4 @@
-use specmesh_proto::v1;
+use specmesh_proto::{MAX_TREE_SPAN, v1};
 
 use super::*;
 use crate::drafters::DrafterSet;
