@@ -32,18 +32,6 @@ mod isa;
 mod matmul;
 pub mod membw;
 mod packed;
-#[cfg(target_arch = "x86_64")]
-mod packed_amx;
-#[cfg(target_arch = "x86_64")]
-mod packed_amx_kquant;
-#[cfg(target_arch = "x86_64")]
-mod packed_blocks32_512;
-#[cfg(target_arch = "x86_64")]
-mod packed_kquant_512;
-#[cfg(target_arch = "x86_64")]
-mod packed_kquant_x86;
-#[cfg(target_arch = "x86_64")]
-mod packed_x86;
 mod threads;
 mod tile_plan;
 #[cfg(target_arch = "x86_64")]

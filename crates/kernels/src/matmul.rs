@@ -293,14 +293,14 @@ impl QMatrix {
         #[cfg(target_arch = "x86_64")]
         let kernel = (isa != Isa::Scalar).then(|| {
             // The K-quants and Q5_0 have one AVX2 kernel for every ISA.
-            crate::packed_kquant_x86::group_fn(format)
-                .unwrap_or_else(|| crate::packed_x86::group_fn(isa, format))
+            crate::packed::x86::kquant::group_fn(format)
+                .unwrap_or_else(|| crate::packed::x86::group_fn(isa, format))
         });
         #[cfg(not(target_arch = "x86_64"))]
         let kernel: Option<fn()> = None;
         #[cfg(target_arch = "x86_64")]
-        let pair = crate::packed_kquant_512::pair_fn(isa, format)
-            .or_else(|| crate::packed_blocks32_512::pair_fn(isa, format));
+        let pair = crate::packed::x86::kquant_512::pair_fn(isa, format)
+            .or_else(|| crate::packed::x86::blocks32_512::pair_fn(isa, format));
         // Which row counts the pair kernel takes, measured per CPU.
         #[cfg(target_arch = "x86_64")]
         let pair_rows = match pair {

@@ -192,10 +192,10 @@ pub fn tile_plan() -> &'static TilePlan {
 #[cfg(target_arch = "x86_64")]
 fn pairs_fn(format: QFormat) -> Option<crate::tiles::AmxPairsFn> {
     match format {
-        QFormat::Q4_1 => Some(crate::packed_amx::q4_1_pairs),
-        QFormat::Q8_0 => Some(crate::packed_amx::q8_0_pairs),
-        QFormat::Q4_K => Some(crate::packed_amx_kquant::q4_k_pairs_amx),
-        QFormat::Q6_K => Some(crate::packed_amx_kquant::q6_k_pairs_amx),
+        QFormat::Q4_1 => Some(crate::packed::amx::q4_1_pairs),
+        QFormat::Q8_0 => Some(crate::packed::amx::q8_0_pairs),
+        QFormat::Q4_K => Some(crate::packed::amx::kquant::q4_k_pairs_amx),
+        QFormat::Q6_K => Some(crate::packed::amx::kquant::q6_k_pairs_amx),
         _ => None,
     }
 }
@@ -231,8 +231,8 @@ const ROUNDS: usize = 3;
 #[cfg(target_arch = "x86_64")]
 fn measure_format(format: QFormat, tiles: crate::tiles::AmxPairsFn) -> FormatPlan {
     use crate::packed::GROUP;
-    let vnni = crate::packed_kquant_512::pair_fn(Isa::Avx512Vnni, format)
-        .or_else(|| crate::packed_blocks32_512::pair_fn(Isa::Avx512Vnni, format))
+    let vnni = crate::packed::x86::kquant_512::pair_fn(Isa::Avx512Vnni, format)
+        .or_else(|| crate::packed::x86::blocks32_512::pair_fn(Isa::Avx512Vnni, format))
         .expect("every format with a tile kernel has a VNNI pair kernel");
     let (data, acts) = synthetic_call(format, (ROWS, COLS), RowSet::MAX_ROWS, 0x5eed);
     let (nb, pairs) = (COLS / format.block_len(), ROWS / GROUP / 2);
@@ -416,8 +416,8 @@ mod tests {
     /// The tile kernels of `format` on emulated tiles.
     #[cfg(target_arch = "x86_64")]
     fn emulated(format: QFormat) -> crate::tiles::AmxPairsFn {
-        use crate::packed_amx::emulated::*;
-        use crate::packed_amx_kquant::emulated::*;
+        use crate::packed::amx::emulated::*;
+        use crate::packed::amx::kquant::emulated::*;
         match format {
             QFormat::Q4_1 => q4_1_pairs_emulated,
             QFormat::Q8_0 => q8_0_pairs_emulated,

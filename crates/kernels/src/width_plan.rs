@@ -140,11 +140,11 @@ const ROUNDS: usize = 3;
 fn measure_format(format: QFormat) -> WidthFormat {
     use crate::packed::GROUP;
     let isa = Isa::Avx512Vnni;
-    let pair = crate::packed_kquant_512::pair_fn(isa, format)
-        .or_else(|| crate::packed_blocks32_512::pair_fn(isa, format))
+    let pair = crate::packed::x86::kquant_512::pair_fn(isa, format)
+        .or_else(|| crate::packed::x86::blocks32_512::pair_fn(isa, format))
         .expect("measured formats have a 512-bit pair kernel");
-    let group = crate::packed_kquant_x86::group_fn(format)
-        .unwrap_or_else(|| crate::packed_x86::group_fn(isa, format));
+    let group = crate::packed::x86::kquant::group_fn(format)
+        .unwrap_or_else(|| crate::packed::x86::group_fn(isa, format));
     let (data, acts) = synthetic_call(format, (ROWS, COLS), PAIR_ROWS, 0x3141);
     let (nb, groups) = (COLS / format.block_len(), ROWS / GROUP);
     let mut plan = WidthFormat {

@@ -400,8 +400,8 @@ fn tile_kernels_on_emulated_tiles_give_the_bits_of_the_vnni_kernels() {
     // groups (the last one goes to VNNI), more groups per thread than one
     // block, calls of 1 to 16 rows, more rows than one tile call takes, and
     // some row counts left to VNNI.
-    use crate::packed_amx::emulated::*;
-    use crate::packed_amx_kquant::emulated::*;
+    use crate::packed::amx::emulated::*;
+    use crate::packed::amx::kquant::emulated::*;
     use crate::tile_plan::RowSet;
     if !Isa::Avx512Vnni.supported() {
         eprintln!("skipped: this CPU lacks {}", Isa::Avx512Vnni);

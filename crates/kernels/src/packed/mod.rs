@@ -11,13 +11,21 @@
 //!
 //! The 32-element formats (Q4_1, Q5_0, Q8_0) are laid out in
 //! [`blocks32`], the K-quants (Q4_K, Q6_K) in [`kquant`]; each module's doc
-//! draws its group-block.
+//! draws its group-block. The kernels over these layouts are grouped by
+//! instruction set: `x86` (AVX2 and AVX-VNNI group kernels, and the
+//! AVX-512 VNNI pair kernels: `x86::kquant`, `x86::blocks32_512`,
+//! `x86::kquant_512`) and `amx` (AMX-INT8 tile kernels), each chosen at run
+//! time by measurement (`crate::width_plan`, `crate::tile_plan`).
 
 use crate::act::QuantizedRows;
 use crate::format::QFormat;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
 pub(crate) mod blocks32;
 pub(crate) mod kquant;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86;
 
 /// Rows per group.
 pub(crate) const GROUP: usize = 8;

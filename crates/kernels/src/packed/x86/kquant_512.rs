@@ -27,7 +27,7 @@ use crate::isa::Isa;
 use crate::packed::kquant::{
     Q4_K_DMIN, Q4_K_GBB, Q4_K_MIN, Q4_K_NIB, Q4_K_SC, Q6_K_GBB, Q6_K_GROUP, Q6_K_SC, Q6_K_VALUES,
 };
-use crate::packed_x86::{
+use crate::packed::x86::{
     GroupOut, PREFETCH_AHEAD, PairFn, halves_pair, load_pair, pair_entry, prefetch_slice,
     store_pair,
 };

@@ -3,6 +3,10 @@
 // Tile loops index several parallel register arrays by the same counter.
 #![allow(clippy::needless_range_loop)]
 
+pub(crate) mod blocks32_512;
+pub(crate) mod kquant;
+pub(crate) mod kquant_512;
+
 use std::arch::x86_64::*;
 
 use crate::act::{BlockQ8, QuantizedRows};
@@ -302,7 +306,7 @@ pub(crate) unsafe fn load_pair(a: *const u8, b: *const u8) -> __m512i {
 /// hardware prefetchers alone (they stop at every 4 KiB page) left the
 /// one-row kernels at 24 GB/s where a plain read gets ~30: `kb` on a 345 MB
 /// Q4_K matrix, AVX-512 VNNI, 2 threads: 24.5 GB/s without, 36.5 GB/s with
-/// (docs/performance.md has the whole-model numbers).
+/// (docs/lab/kernels.md has the whole-model numbers).
 pub(crate) const PREFETCH_AHEAD: usize = 2;
 
 /// Asks for the weight bytes `ahead` group-blocks after `p`: the `step`-th

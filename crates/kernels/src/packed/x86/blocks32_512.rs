@@ -14,7 +14,7 @@ use crate::format::QFormat;
 use crate::isa::Isa;
 use crate::packed::blocks32::{Q5_0_BITS, Q5_0_NIBBLES};
 use crate::packed::group_block_bytes;
-use crate::packed_x86::{
+use crate::packed::x86::{
     GroupOut, PairFn, halves_pair, load_pair, pair_blocks_ahead, pair_entry, prefetch_block,
     store_pair,
 };

@@ -27,7 +27,7 @@ use crate::packed::blocks32::{Q4_0_GBB, Q4_0_NIBBLES, Q5_0_BITS, Q5_0_GBB, Q5_0_
 use crate::packed::kquant::{
     Q4_K_DMIN, Q4_K_GBB, Q4_K_MIN, Q4_K_NIB, Q4_K_SC, Q6_K_GBB, Q6_K_GROUP, Q6_K_SC, Q6_K_VALUES,
 };
-use crate::packed_x86::{
+use crate::packed::x86::{
     GroupFn, GroupOut, PREFETCH_AHEAD, blocks_ahead, prefetch_block, prefetch_slice,
 };
 

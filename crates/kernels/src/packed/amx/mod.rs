@@ -26,12 +26,14 @@
 // Tile loops index several parallel register arrays by the same counter.
 #![allow(clippy::needless_range_loop)]
 
+pub(crate) mod kquant;
+
 use std::arch::x86_64::*;
 
 use crate::act::{BlockQ8, QuantizedRows};
 use crate::format::QFormat;
+use crate::packed::x86::{halves_pair, store_pair};
 use crate::packed::{GROUP, group_block_bytes};
-use crate::packed_x86::{halves_pair, store_pair};
 use crate::tiles::{MAX_T, PairOut, TileConfig, TileUnit, Weights, tile_entry};
 
 /// Blocks per phase. A tile load right after the vector stores that wrote

@@ -2,7 +2,7 @@
 //! 8-row groups (layouts in `packed::kquant`).
 //!
 //! Why tiles here: a k-token verify forward of a Q4_K_M model is bound by
-//! `vpdpbusd` (docs/performance.md, "Where a step of the 1.5B goes"): per
+//! `vpdpbusd` (docs/lab/kernels.md, "Where a step of the 1.5B goes"): per
 //! super-block of 16 weight rows and 8 activation rows the VNNI kernel
 //! issues 512 of them. One `tdpbsud` does a sub-block (32 inputs for Q4_K,
 //! 16 for Q6_K) of 16 weight rows against up to 16 activation rows, on a
@@ -32,11 +32,11 @@ use crate::packed::GROUP;
 use crate::packed::kquant::{
     Q4_K_DMIN, Q4_K_GBB, Q4_K_NIB, Q4_K_SC, Q6_K_GBB, Q6_K_GROUP, Q6_K_SC, Q6_K_VALUES,
 };
-use crate::packed_kquant_512::{
+use crate::packed::x86::kquant_512::{
     pair_ahead, q4_k_finish, q4_k_mins, q6_k_finish, q6_k_scale_pairs, q6_values, scales_i8,
     scales_u8,
 };
-use crate::packed_x86::{halves_pair, load_pair, prefetch_slice, store_pair};
+use crate::packed::x86::{halves_pair, load_pair, prefetch_slice, store_pair};
 use crate::tiles::{MAX_T, PairOut, TileConfig, TileUnit, Weights, tile_entry};
 
 /// Sub-blocks per super-block: Q4_K's are 32 inputs, Q6_K's 16.
