@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Checks the deployment artifacts without a cluster or a container registry:
 #   - every kustomize overlay, and the bootstrap CA (deploy/k8s/mesh-ca),
-#     renders (kubectl kustomize) and its manifests pass strict schema
+#     renders (kubectl kustomize), renders the same with the oldest kubectl
+#     deploy/k8s/README.md supports (scripts/kubectl-min.sh: 1.34.0,
+#     kustomize v5.7.1), and its manifests pass strict schema
 #     validation for Kubernetes 1.30 and 1.35 (kubernetes-validate --strict:
 #     unknown fields are errors). kubernetes-validate has no schema for
 #     cert-manager's kinds (Issuer, Certificate): it warns and passes them;
@@ -16,7 +18,8 @@
 # any check failed.
 #
 # Tools: kubectl (with kustomize; $SPECMESH_KUBECTL, else the Python
-# environment's, pinned there), promtool
+# environment's, pinned there), the minimum kubectl ($SPECMESH_KUBECTL_MIN,
+# else scripts/kubectl-min.sh installs it), promtool
 # (scripts/tools.sh installs it), and kubernetes-validate and hadolint from
 # the Python environment of tests/python/requirements.txt: its bin directory
 # is $SPECMESH_TOOLS_BIN, by default the one scripts/python-env.sh creates.
@@ -28,6 +31,7 @@ if [ -z "${SPECMESH_TOOLS_BIN:-}" ]; then
 fi
 tools="$SPECMESH_TOOLS_BIN"
 kubectl="${SPECMESH_KUBECTL:-$tools/kubectl}"
+kubectl_min="${SPECMESH_KUBECTL_MIN:-$(scripts/kubectl-min.sh)}"
 k8s_versions=(1.30.0 1.35.0)
 
 work="$(mktemp -d)"
@@ -58,6 +62,7 @@ need() {
     }
 }
 need "$kubectl" "scripts/python-env.sh installs it; or set SPECMESH_KUBECTL"
+need "$kubectl_min" "scripts/kubectl-min.sh installs it; or set SPECMESH_KUBECTL_MIN"
 need promtool "scripts/tools.sh installs it"
 need "$tools/kubernetes-validate" "scripts/python-env.sh installs it; or set SPECMESH_TOOLS_BIN"
 need "$tools/hadolint" "scripts/python-env.sh installs it; or set SPECMESH_TOOLS_BIN"
@@ -69,6 +74,8 @@ for overlay in deploy/k8s/overlays/*/ deploy/k8s/mesh-ca/; do
     name="$(basename "$overlay")"
     rendered="$work/$name.yaml"
     check "kustomize render $overlay" sh -c '"$1" kustomize "$2" >"$3"' _ "$kubectl" "$overlay" "$rendered"
+    check "kustomize render $overlay with the minimum kubectl, the same" \
+        sh -c '"$1" kustomize "$2" | cmp - "$3"' _ "$kubectl_min" "$overlay" "$rendered"
     # An overlay may need a newer Kubernetes (`# minimum Kubernetes: 1.33`
     # in its kustomization: image volumes); older versions are skipped.
     minimum="$(sed -n 's/^# minimum Kubernetes: \([0-9.]*\).*/\1/p' "$overlay/kustomization.yaml" 2>/dev/null || true)"

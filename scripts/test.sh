@@ -4,9 +4,18 @@
 # fetch`, cached in ~/.cache/specmesh/models; a Python environment with a
 # gRPC client, kubectl and the deployment linters; Debian's prometheus and
 # dnsmasq), then runs every test against the real models and the real
-# services. Arguments go to `cargo test`.
+# services. Before the tests it checks formatting (`cargo fmt --check`)
+# and lints (`cargo clippy` on every target, warnings as errors) with the
+# machine's own toolchain. Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Formatting and lints first: they fail in seconds to minutes, not after
+# the whole suite.
+linted=$SECONDS
+cargo fmt --all --check
+cargo clippy --locked --workspace --all-targets -- -D warnings
+echo "fmt and clippy: $((SECONDS - linted)) s"
 
 
 # The end-to-end tests start the service binaries as processes: cargo only

@@ -4,6 +4,7 @@
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 
 use crate::binary;
 
@@ -14,6 +15,8 @@ pub struct Service {
     pub url: String,
     /// Its Prometheus `/metrics` URL, when started with `--metrics-listen`.
     pub metrics: Option<String>,
+    /// Every line it wrote on stdout so far, as written.
+    stdout: Arc<Mutex<Vec<String>>>,
 }
 
 impl Service {
@@ -96,11 +99,14 @@ impl Service {
         let prefix = format!("{name} listening on ");
         let metrics_prefix = format!("{name} metrics on ");
         let mut metrics = None;
+        let written = Arc::new(Mutex::new(Vec::new()));
         let addr = loop {
             let line = lines
                 .next()
                 .unwrap_or_else(|| panic!("{name} exited before listening"))
                 .expect("reading stdout");
+            written.lock().unwrap().push(line.clone());
+            let line = launcher_text(line);
             if let Some(a) = line.strip_prefix(&prefix) {
                 break a.trim().to_string();
             }
@@ -109,16 +115,27 @@ impl Service {
             }
         };
         // Keep draining stdout so the service never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
+        let stdout = Arc::clone(&written);
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                written.lock().unwrap().push(line);
+            }
+        });
         Service {
             child,
             url: format!("http://{addr}"),
             metrics,
+            stdout,
         }
     }
 }
 
 impl Service {
+    /// The lines it wrote on stdout so far.
+    pub fn stdout_lines(&self) -> Vec<String> {
+        self.stdout.lock().unwrap().clone()
+    }
+
     /// The process id, for logs and for `kill -9` from outside.
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -194,4 +211,18 @@ pub fn run_to_exit(wrapper: &[String], name: &str, args: &[&str]) -> Output {
     let _ = exited.send(());
     watchdog.join().unwrap();
     out
+}
+
+/// What a service's stdout line tells its launcher: the line itself, or,
+/// with `--log-format json`, the `message` of the JSON object it is.
+pub fn launcher_text(line: String) -> String {
+    if !line.starts_with('{') {
+        return line;
+    }
+    let value: serde_json::Value = serde_json::from_str(&line)
+        .unwrap_or_else(|e| panic!("a stdout line that is not JSON in JSON mode: {e}: {line}"));
+    match value.get("message").and_then(|m| m.as_str()) {
+        Some(message) => message.to_string(),
+        None => line,
+    }
 }

@@ -133,7 +133,55 @@ async fn json_log_lines_carry_the_trace_the_collector_received() {
             assert!(line["level"].is_string(), "{name}: {line}");
             assert!(line["timestamp"].is_string(), "{name}: {line}");
         }
+        // The effective config as fields, not one string.
+        let config = json_lines(&log(name))
+            .into_iter()
+            .find(|l| l["message"] == "effective config")
+            .unwrap_or_else(|| panic!("{name} logged no effective config"));
+        assert!(
+            config["config"]["endpoints"]["listen"].is_string(),
+            "{name}: {config}"
+        );
+        assert_eq!(config["config"]["endpoints"]["metrics_listen"], Value::Null);
     }
+    assert_eq!(
+        json_lines(&log("verifier"))
+            .into_iter()
+            .find_map(|l| l["config"]["max_batch"].as_u64()),
+        Some(16),
+        "the verifier's --max-batch (its default) as a number"
+    );
+    // So is every line on stdout, the readiness lines launchers read
+    // included, as events with fields.
+    for (name, service) in [
+        ("specmesh-gateway", &gateway),
+        ("specmesh-verifier", &verifier),
+        ("specmesh-drafter", &drafter),
+    ] {
+        let lines: Vec<Value> = service
+            .stdout_lines()
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{name}: {e}: {l}")))
+            .collect();
+        let ready = lines
+            .iter()
+            .find(|l| l["event"] == "listening")
+            .unwrap_or_else(|| panic!("{name}: no listening event on stdout: {lines:?}"));
+        assert_eq!(ready["service"], name, "{ready}");
+        assert_eq!(
+            format!("http://{}", ready["at"].as_str().unwrap()),
+            service.url,
+            "{ready}"
+        );
+        assert_eq!(ready["level"], "INFO", "{ready}");
+    }
+    assert!(
+        gateway
+            .stdout_lines()
+            .iter()
+            .any(|l| l.contains(r#""event":"http""#)),
+        "the gateway's HTTP front is announced too"
+    );
     let about: Vec<Value> = json_lines(&log("gateway"))
         .into_iter()
         .filter(|l| l["request_id"] == request_id.as_str())

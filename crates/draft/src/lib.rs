@@ -23,7 +23,7 @@ pub use lookup::{LookupConfig, PromptLookup};
 pub use merged::Merged;
 pub use policy::{
     AcceptanceStats, Arm, Arms, Budget, CostCurve, Decision, Learned, Ledger, PolicyConfig,
-    PolicyError, Sources, SpecPolicy, StepTiming,
+    PolicyError, Sources, SpecPolicy, StepTiming, arms_for,
 };
 pub use predicted::{Predicted, PredictedConfig};
 pub use recycle::{RecycleConfig, TokenRecycler};

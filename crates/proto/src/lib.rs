@@ -1,9 +1,15 @@
-//! The `specmesh.v1` wire contracts and their conversion into validated
-//! domain types: the only wire edge. Everything that arrives over the
-//! network passes through a `TryFrom` or a `*_from_wire` here before any
-//! other code sees it, and every bound of the protocol is defined here
-//! once ([`limits`]). Each service then checks the result against its own
-//! state (vocabulary, context, configured limits).
+//! The `specmesh.v1` wire contracts (generated code) and the plain
+//! conversions every service shares: token trees, sampling, structured
+//! outputs and [`sources_from_wire`], each checked on its own, the field
+//! errors that name what to fix ([`field`]) and every bound of the
+//! protocol, defined here once ([`limits`]).
+//!
+//! A message as a whole is checked by the service that receives it, in
+//! its own `validate` module, its one wire edge: the drafter's
+//! `DraftStart` and `StepOutcome`, the verifier's `RunRequest` and
+//! `TokenTree`, the gateway's `GenerateRequest`. This crate depends on no
+//! speculation crate, only on the value types the wire carries (trees,
+//! sampling, grammar constraints).
 
 #![forbid(unsafe_code)]
 #![allow(missing_debug_implementations)]
@@ -11,20 +17,15 @@
 mod convert;
 pub mod field;
 pub mod limits;
-mod run;
 mod sampling;
-mod start;
+mod sources;
 mod structured;
 
 pub use convert::{ConvertError, tree_from_wire, tree_span, tree_to_wire};
 pub use field::FieldError;
 pub use limits::{MAX_TREE_SPAN, last_step};
-pub use run::{CacheKey, RunDraft, RunSpec};
 pub use sampling::check_top_k;
-pub use start::{
-    ANONYMOUS_TENANT, CacheScope, CurveFallback, MAX_MODEL_NAME_BYTES, StartSpec, TargetModel,
-    sources_from_wire,
-};
+pub use sources::sources_from_wire;
 pub use structured::{
     MAX_TOP_LOGPROBS, logprobs_from_wire, structured_from_wire, structured_to_wire,
 };

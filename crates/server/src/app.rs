@@ -50,8 +50,8 @@ pub trait Service: Sized + 'static {
     /// The flags every service shares.
     fn server_args(args: &Self::Args) -> &ServerArgs;
 
-    /// Where and how it serves, from its config.
-    fn endpoints(config: &Self::Config) -> Endpoints;
+    /// Where and how it serves: the [`Endpoints`] its config embeds.
+    fn endpoints(config: &Self::Config) -> &Endpoints;
 
     /// Loads what it serves (models, key files) and builds its state and
     /// routes. Runs after the TLS material was read, so a TLS mistake
@@ -62,8 +62,10 @@ pub trait Service: Sized + 'static {
     ) -> impl Future<Output = anyhow::Result<Built<Self::Handle>>> + Send;
 }
 
-/// Where a service serves: the part of every config the kit reads.
-#[derive(Debug, Clone)]
+/// Where a service serves: the part of every config the kit reads, built
+/// from the shared flags ([`ServerArgs::endpoints`]) and embedded in each
+/// service's `Config` as `endpoints`.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Endpoints {
     pub listen: SocketAddr,
     pub metrics_listen: Option<SocketAddr>,
@@ -71,6 +73,19 @@ pub struct Endpoints {
     pub tls: TlsArgs,
     /// How long running calls get to finish after the shutdown signal.
     pub shutdown_grace: Duration,
+}
+
+impl Endpoints {
+    /// Serving plaintext gRPC on `listen` alone, draining for `shutdown_grace`.
+    pub fn plaintext(listen: SocketAddr, shutdown_grace: Duration) -> Endpoints {
+        Endpoints {
+            listen,
+            metrics_listen: None,
+            health_listen: None,
+            tls: TlsArgs::plaintext(),
+            shutdown_grace,
+        }
+    }
 }
 
 /// Registers a service's collectors with the registry `/metrics` serves.
@@ -178,7 +193,13 @@ pub fn main<S: Service>() -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("{}: starting the async runtime: {e}", S::CLI.binary());
+            let line = format!("{}: starting the async runtime: {e}", S::CLI.binary());
+            match S::server_args(&args).log_format {
+                telemetry::LogFormat::Text => eprintln!("{line}"),
+                telemetry::LogFormat::Json => {
+                    eprintln!("{}", telemetry::json_line("ERROR", &line, []))
+                }
+            }
             return ExitCode::FAILURE;
         }
     };
@@ -209,8 +230,9 @@ pub async fn run<S: Service>(
 /// Logs the effective config, reads the TLS material, builds the service,
 /// serves its metrics and binds its address.
 pub async fn start<S: Service>(config: S::Config) -> anyhow::Result<Started<S>> {
+    // A struct's fields, in JSON lines (see `telemetry::json`).
     tracing::info!(?config, "effective config");
-    let endpoints = S::endpoints(&config);
+    let endpoints = S::endpoints(&config).clone();
     let security = Security::from_args(&endpoints.tls, S::CLIENT_AUTH)?;
     let mut built = S::build(config, &security).await?;
     if let Some(addr) = endpoints.metrics_listen {

@@ -31,6 +31,7 @@ pub use app::{Built, Endpoints, Service, Started, main, run, start};
 pub use cli::ServerArgs;
 pub use client::Dialer;
 pub use serve::{Drain, NoDrain, ServeConfig, bind, serve};
+pub use telemetry::LogFormat;
 pub use tls::{ClientAuth, Security, TlsArgs};
 
 /// The end of a service's `main`: 0 after a graceful shutdown; 1, with
@@ -42,17 +43,56 @@ pub fn exit_code(service: &cli::Service, served: anyhow::Result<()>) -> std::pro
         Err(error) => {
             let binary = service.binary();
             tracing::error!(error = format!("{error:#}"), "{binary} failed");
-            eprintln!("{binary}: {error:#}");
+            // In JSON mode the log line above is the whole story: a plain
+            // line would break a pipeline parsing JSON.
+            if telemetry::log_format() == telemetry::LogFormat::Text {
+                eprintln!("{binary}: {error:#}");
+            }
             std::process::ExitCode::FAILURE
         }
     }
 }
 
-/// Prints `line` on stdout for launchers to read (they wait for lines
-/// such as `specmesh-gateway listening on ADDR`). A closed stdout must not
-/// stop the server, so errors are ignored.
-pub fn tell_launcher(line: &str) {
+/// What a service tells its launcher on stdout once it is ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ready {
+    /// Serving gRPC: `BINARY listening on ADDR`.
+    Listening,
+    /// Serving Prometheus `/metrics`: `BINARY metrics on URL`.
+    Metrics,
+    /// Serving the HTTP API: `BINARY http on URL`.
+    Http,
+}
+
+impl Ready {
+    /// The event's name in a JSON line, and the words of a text line.
+    fn words(self) -> (&'static str, &'static str) {
+        match self {
+            Ready::Listening => ("listening", "listening on"),
+            Ready::Metrics => ("metrics", "metrics on"),
+            Ready::Http => ("http", "http on"),
+        }
+    }
+}
+
+/// Tells launchers on stdout that `binary` is ready at `at` (they wait for
+/// lines such as `specmesh-gateway listening on ADDR`). With
+/// `--log-format json` the line is a JSON object like every log line,
+/// whose `message` is that text and whose `event`, `service` and `at`
+/// fields say the same as fields. A closed stdout must not stop the
+/// server, so errors are ignored.
+pub fn tell_launcher(binary: &str, ready: Ready, at: &str) {
     use std::io::Write;
+    let (event, words) = ready.words();
+    let text = format!("{binary} {words} {at}");
+    let line = match telemetry::log_format() {
+        telemetry::LogFormat::Text => text,
+        telemetry::LogFormat::Json => telemetry::json_line(
+            "INFO",
+            &text,
+            [("event", event), ("service", binary), ("at", at)],
+        ),
+    };
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();

@@ -53,7 +53,7 @@ pub async fn serve(
     });
     let url = format!("http://{bound}/metrics");
     tracing::info!(%url, "serving metrics");
-    crate::tell_launcher(&format!("{binary} metrics on {url}"));
+    crate::tell_launcher(binary, crate::Ready::Metrics, &url);
     Ok(bound)
 }
 

@@ -244,5 +244,5 @@ async fn serve_health(
 /// Tells a launcher where the service listens (stdout), and the logs.
 fn announce(binary: &str, addr: SocketAddr, security: &Security) {
     tracing::info!(%addr, tls = security.is_tls(), "listening");
-    crate::tell_launcher(&format!("{binary} listening on {addr}"));
+    crate::tell_launcher(binary, crate::Ready::Listening, &addr.to_string());
 }

@@ -5,10 +5,13 @@
 //! ([`export`]). Logs go to stderr as text or, with `--log-format json`, as
 //! JSON lines carrying each line's trace id ([`json`]).
 
+mod debug_json;
 mod export;
 mod json;
 
-pub use json::JsonLines;
+pub use json::{JsonLines, json_line};
+
+use std::sync::OnceLock;
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
@@ -63,6 +66,15 @@ pub enum LogFormat {
     Json,
 }
 
+/// The format [`init`] installed: what [`crate::tell_launcher`] and the
+/// kit's own lines follow.
+static FORMAT: OnceLock<LogFormat> = OnceLock::new();
+
+/// How this process writes its lines: as [`init`] was told, text before.
+pub fn log_format() -> LogFormat {
+    FORMAT.get().copied().unwrap_or_default()
+}
+
 /// Where spans go, decided before logging exists and logged after.
 enum Export {
     Off,
@@ -75,6 +87,7 @@ enum Export {
 /// `SPECMESH_TRACE`, default `info`). Must run inside a Tokio runtime: the
 /// OTLP/gRPC exporter's channel lives on it.
 pub fn init(service: &str, format: LogFormat) -> Telemetry {
+    let _ = FORMAT.set(format);
     let mut builder = SdkTracerProvider::builder().with_resource(
         opentelemetry_sdk::Resource::builder()
             .with_service_name(service.to_string())

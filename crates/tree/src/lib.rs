@@ -26,10 +26,12 @@ mod builder;
 mod error;
 mod merge;
 mod prune;
+mod sources;
 mod subtree;
 mod tree;
 
 pub use builder::TreeBuilder;
 pub use error::TreeError;
 pub use merge::merge;
+pub use sources::Sources;
 pub use tree::{DraftDist, TokenTree, TreeLimits};

@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use specmesh_server::ServerArgs;
 use specmesh_server::cli::Service;
 use specmesh_server::cli::{FlagError, in_range};
+use specmesh_server::{Endpoints, ServerArgs};
 
 /// The drafter as its command line knows it.
 pub const SERVICE: Service = Service {
@@ -145,12 +145,8 @@ pub enum ConfigError {
 /// The validated configuration of one drafter process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    pub listen: SocketAddr,
-    /// Where to serve Prometheus `/metrics`; `None`: nowhere.
-    pub metrics_listen: Option<SocketAddr>,
-    /// Where to serve plaintext health for probes; `None`: nowhere.
-    pub health_listen: Option<SocketAddr>,
-    pub tls: specmesh_server::TlsArgs,
+    /// Where and how it serves: the kit's shared flags.
+    pub endpoints: Endpoints,
     /// Budget of the global suffix index, in bytes (0: no index).
     pub global_index_bytes: usize,
     pub max_sessions: usize,
@@ -159,7 +155,6 @@ pub struct Config {
     pub pipeline: bool,
     /// See `Args::learn_across_sessions`.
     pub learn_across_sessions: bool,
-    pub shutdown_grace: Duration,
     pub start_timeout: Duration,
     /// Identities besides `tls.tls_allow_san` admitted to `KvEvents`.
     pub kv_events_allow_san: Vec<String>,
@@ -202,16 +197,15 @@ impl Default for Config {
     /// The flags' defaults.
     fn default() -> Config {
         Config {
-            listen: SocketAddr::from(([127, 0, 0, 1], 50061)),
-            metrics_listen: None,
-            health_listen: None,
-            tls: specmesh_server::TlsArgs::plaintext(),
+            endpoints: Endpoints::plaintext(
+                SocketAddr::from(([127, 0, 0, 1], 50061)),
+                Duration::from_secs(20),
+            ),
             global_index_bytes: 256 << 20,
             max_sessions: 1024,
             max_context_tokens: 262_144,
             pipeline: true,
             learn_across_sessions: true,
-            shutdown_grace: Duration::from_secs(20),
             start_timeout: Duration::from_secs(30),
             kv_events_allow_san: Vec::new(),
             draft_model: None,
@@ -286,16 +280,12 @@ impl TryFrom<Args> for Config {
             }
         };
         Ok(Config {
-            listen: a.server.listen,
-            metrics_listen: a.server.metrics_listen,
-            health_listen: a.server.health_listen,
-            tls: a.server.tls,
+            endpoints: a.server.endpoints(),
             global_index_bytes: a.global_index_mib << 20,
             max_sessions: at_least("max-sessions", a.max_sessions, 1)?,
             max_context_tokens: at_least("max-context-tokens", a.max_context_tokens, 1)?,
             pipeline: a.pipeline,
             learn_across_sessions: a.learn_across_sessions,
-            shutdown_grace: Duration::from_secs(a.server.shutdown_grace_secs),
             start_timeout: Duration::from_secs(a.start_timeout_secs),
             kv_events_allow_san: a.kv_events_allow_san,
             draft_model,
@@ -318,8 +308,14 @@ mod tests {
     fn the_flag_defaults_are_the_config_defaults() {
         // `Config::default()` is for in-process use: plaintext.
         assert_eq!(parse(&["--plaintext"]).unwrap(), Config::default());
-        assert!(!parse(&[]).unwrap().tls.plaintext, "TLS unless asked");
-        assert_eq!(Config::default().listen.to_string(), DEFAULT_LISTEN);
+        assert!(
+            !parse(&[]).unwrap().endpoints.tls.plaintext,
+            "TLS unless asked"
+        );
+        assert_eq!(
+            Config::default().endpoints.listen.to_string(),
+            DEFAULT_LISTEN
+        );
     }
 
     #[test]
@@ -335,7 +331,7 @@ mod tests {
             "0",
         ])
         .unwrap();
-        assert_eq!(c.listen.port(), 0);
+        assert_eq!(c.endpoints.listen.port(), 0);
         assert_eq!(c.global_index_bytes, 0);
         let m = c.draft_model.unwrap();
         assert_eq!(m.self_draft_layers, Some(4));

@@ -33,13 +33,13 @@
 
 use std::fmt;
 
+use crate::validate::{StartSpec, TargetModel};
 use specmesh_draft::{
     Arm, DraftContext, Drafter, Feedback, GlobalConfig, GlobalSuffixIndex, Merged, Predicted,
     PredictedConfig, PromptLookup, Sources, SuffixConfig, SuffixDrafter, TenantKey, TokenRecycler,
     TokenTree,
 };
 use specmesh_draft_model::{Cancel, CrossVocabDrafter, DraftOptions, DrafterStats, ModelDrafter};
-use specmesh_proto::{StartSpec, TargetModel};
 use specmesh_sampling::SamplingParams;
 use specmesh_tree::merge;
 use tokio::sync::OwnedSemaphorePermit;
@@ -128,7 +128,7 @@ impl DrafterSet {
             Box::new(suffix),
             Box::new(TokenRecycler::default()),
         ];
-        let mut arms = sources.arms(self.model.is_some());
+        let mut arms = specmesh_draft::arms_for(sources, self.model.is_some());
         if arms.is_empty() {
             return Err(ModelRefusal::NoModel);
         }

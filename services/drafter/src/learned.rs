@@ -13,8 +13,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::validate::StartSpec;
 use specmesh_draft::{Arm, Ledger, TenantKey};
-use specmesh_proto::StartSpec;
 
 use crate::session::DraftSession;
 

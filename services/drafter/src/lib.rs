@@ -36,6 +36,6 @@ pub use config::{Args, Config, ConfigError, DEFAULT_LISTEN, DraftModelConfig, SE
 pub use error::DrafterError;
 pub use model::DraftModelError;
 pub use server::{CLOSE_TIMEOUT, Drafter};
-pub use specmesh_proto::ANONYMOUS_TENANT;
 pub use specmesh_proto::limits::{MAX_DEPTH, MAX_DRAFT_TOKENS};
 pub use stats::{Stats, StatsSnapshot};
+pub use validate::ANONYMOUS_TENANT;

@@ -18,9 +18,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::validate::TargetModel;
 use specmesh_draft_model::{BridgeError, TextBridge, TokenRanking, VocabMismatch, check_vocab};
 use specmesh_model::{LoadOptions, Model, ModelError};
-use specmesh_proto::TargetModel;
 use specmesh_tokenizer::{Tokenizer, TokenizerError};
 use tokio::sync::Semaphore;
 

@@ -18,10 +18,10 @@
 //! Only the store's blocks count against the budget: a running session's
 //! own KV is bounded by `--draft-model-sessions` instead.
 
+use crate::validate::CacheScope;
 use specmesh_draft_model::ModelDrafter;
 use specmesh_kvcache::{BLOCK_TOKENS, BlockHash, Scope, Store, block_hashes, extend_block_hashes};
 use specmesh_kvevents::SharedStore;
-use specmesh_proto::CacheScope;
 
 /// The process's cache of draft model KV; cheap to clone.
 #[derive(Debug, Clone)]

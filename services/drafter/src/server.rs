@@ -55,14 +55,8 @@ impl specmesh_server::Service for Drafter {
         &args.server
     }
 
-    fn endpoints(config: &Config) -> Endpoints {
-        Endpoints {
-            listen: config.listen,
-            metrics_listen: config.metrics_listen,
-            health_listen: config.health_listen,
-            tls: config.tls.clone(),
-            shutdown_grace: config.shutdown_grace,
-        }
+    fn endpoints(config: &Config) -> &Endpoints {
+        &config.endpoints
     }
 
     async fn build(config: Config, security: &Security) -> anyhow::Result<Built<Arc<Stats>>> {
@@ -115,7 +109,7 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built<Arc<
     let open = Arc::clone(&stats);
     // The gateways subscribe as well as the verifiers: their identities
     // join the allowlist (none: any client of the mesh CA, as for drafts).
-    let allowed = &config.tls.tls_allow_san;
+    let allowed = &config.endpoints.tls.tls_allow_san;
     let events_auth = if allowed.is_empty() {
         security.authorize()
     } else {

@@ -15,7 +15,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-use crate::error::DrafterError;
 use crate::state::State;
 use crate::stream::DraftStream;
 
@@ -52,14 +51,12 @@ impl Drafter for DraftService {
             draft_cached_tokens = tracing::field::Empty,
         );
         specmesh_server::telemetry::adopt(&span, &request);
-        let Ok(slot) = Arc::clone(&self.state.slots).try_acquire_owned() else {
-            self.state.stats.session_refused();
+        let slot = self.state.admit().inspect_err(|_| {
             let max = self.state.max_sessions;
             span.in_scope(|| {
                 tracing::warn!(max, "refusing a draft stream: every session slot is taken")
             });
-            return Err(DrafterError::Busy { max }.into());
-        };
+        })?;
         let (tx, rx) = mpsc::channel(OUTBOUND_TREES);
         let stream = DraftStream::new(Arc::clone(&self.state), request.into_inner(), tx, slot);
         tokio::spawn(stream.run().instrument(span));

@@ -44,12 +44,24 @@
 //! outcome. So the session awaits the outcomes of steps `next..=last` and
 //! applies any piece that starts exactly at `next`.
 //!
+//! **Its parts.** The session owns a few parts, each in its file with its
+//! methods: what the start fixed ([`Terms`]); the [`StepLedger`]
+//! (`ledger.rs`: which steps were sent, which outcome is due, the empty
+//! trees **sent ahead** for the steps above, the decision kept for the
+//! next); the [`Clock`] (`clock.rs`: what steps and draft model forwards
+//! took, `deadline.rs`: what that leaves a tree); and the [`Guesses`]
+//! (`guess.rs`: a draft model's next tree **drafted ahead** on a guessed
+//! outcome). Applying an outcome (`apply.rs`) and planning the next tree
+//! (`plan.rs`, `pricing.rs`) read them together.
+//!
 //! The session is plain data with synchronous methods so it can move onto
 //! a blocking thread for a model-drafter propose and back.
 
-mod ahead;
 mod apply;
+mod clock;
 mod deadline;
+mod guess;
+mod ledger;
 mod plan;
 mod pricing;
 mod report;
@@ -58,13 +70,15 @@ use std::time::{Duration, Instant};
 
 use specmesh_draft::{Arm, Arms, Budget, DraftContext, PolicyConfig, TenantKey, TokenTree};
 
-pub use ahead::AheadStats;
+use clock::Clock;
+use guess::Guesses;
+use ledger::StepLedger;
 pub use report::Reported;
 
 use crate::drafters::SessionDrafter;
 use crate::error::DrafterError;
+use crate::validate::StartSpec;
 use crate::validate::{Computed, SentTree};
-use specmesh_proto::StartSpec;
 
 /// What [`DraftSession::apply`] made of an outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,58 +136,6 @@ pub struct Retokenized {
     pub lost: u64,
 }
 
-/// What the session awaits the outcome of.
-#[derive(Debug)]
-enum Awaited {
-    /// A drafted tree (perhaps the root alone) for one step, by `arm`.
-    Tree {
-        step: u64,
-        tree: TokenTree,
-        arm: Arm,
-    },
-    /// Steps `next..=last` of a tree sent ahead with no nodes: each
-    /// verified the root alone; `arm`'s policy decided them.
-    Span { next: u64, last: u64, arm: Arm },
-}
-
-impl Awaited {
-    /// The first and last step still to be reported.
-    fn steps(&self) -> (u64, u64) {
-        match *self {
-            Awaited::Tree { step, .. } => (step, step),
-            Awaited::Span { next, last, .. } => (next, last),
-        }
-    }
-
-    fn arm(&self) -> Arm {
-        match *self {
-            Awaited::Tree { arm, .. } | Awaited::Span { arm, .. } => arm,
-        }
-    }
-}
-
-/// The last applied outcome, until its time is recorded.
-#[derive(Debug, Clone, Copy)]
-struct Untimed {
-    arm: Arm,
-    /// Nodes drafted for it (0: plain steps).
-    drafted: usize,
-    batch: usize,
-    /// Steps it reports.
-    steps: usize,
-    /// Time the drafter spent drafting its tree, and the model forwards
-    /// that took.
-    draft_secs: f64,
-    model_forwards: u64,
-    /// Context tokens the model caught up on first (the prompt at the
-    /// first propose): such a forward is a prefill, not a tree level.
-    caught_up: u64,
-}
-
-/// A propose that caught the draft model up on more context tokens than
-/// this is a prefill: its time says nothing about a tree level's.
-const MAX_LEVEL_CATCH_UP: u64 = 16;
-
 /// The acceptance a draft model's arm assumes before it has drafted: a
 /// smaller model of the target's family agrees with it most of the time
 /// (Qwen2.5-Coder-0.5B drafting greedily for the 1.5B: 93–100% of its
@@ -182,12 +144,30 @@ const MAX_LEVEL_CATCH_UP: u64 = 16;
 /// interval.
 const MODEL_PRIOR_ACCEPT: f64 = 0.8;
 
-/// Weight of a new sample in the draft model's per-forward time.
-const FORWARD_EMA: f64 = 0.2;
-
-/// A session's drafting state; see the module docs.
+/// A session's drafting state; see the module docs. Its parts each keep
+/// one job: [`Terms`] what the start fixed, [`StepLedger`] which steps
+/// were sent and which outcome is due, [`Clock`] what steps and draft
+/// model forwards took, [`Guesses`] the trees drafted ahead of their
+/// outcome.
 #[derive(Debug)]
 pub struct DraftSession {
+    terms: Terms,
+    drafter: SessionDrafter,
+    arms: Arms,
+    /// Drafted nodes the verifier expects to grant the next tree (its
+    /// goodput planner's forecast, from the last outcome); `None` while the
+    /// verifier sends none.
+    node_budget: Option<usize>,
+    /// Prompt then committed output; the last token is the next root.
+    context: Vec<u32>,
+    ledger: StepLedger,
+    clock: Clock,
+    guesses: Guesses,
+}
+
+/// What the session's start fixed.
+#[derive(Debug)]
+struct Terms {
     epoch: u64,
     tenant: TenantKey,
     vocab: u32,
@@ -197,54 +177,8 @@ pub struct DraftSession {
     max_context: usize,
     max_draft_tokens: usize,
     max_depth: usize,
-    drafter: SessionDrafter,
     /// The verifier's batch as the session started: step 0's plan.
     first_batch: usize,
-    /// Drafted nodes the verifier expects to grant the next tree (its
-    /// goodput planner's forecast, from the last outcome); `None` while the
-    /// verifier sends none.
-    node_budget: Option<usize>,
-    arms: Arms,
-    /// Seconds of one draft model forward (moving average), once measured.
-    forward_secs: Option<f64>,
-    /// The verifier's forward and the link's round trip, as reported and
-    /// measured: how long a guess drafted ahead has (see [`deadline`]).
-    live: deadline::LiveTimes,
-    /// The last tree's drafting: seconds, model forwards, context tokens
-    /// caught up on.
-    last_draft: (f64, u64, u64),
-    /// Prompt then committed output; the last token is the next root.
-    context: Vec<u32>,
-    /// What the next outcome reports on; `None` before step 0 is drafted
-    /// and while the tree due is being drafted.
-    awaited: Option<Awaited>,
-    /// The step of the next tree to send: one past every step a tree was
-    /// sent for.
-    next_step: u64,
-    /// Send "nothing drafted" ahead when the policy says so.
-    pipeline: bool,
-    /// Steps `first..=last` whose empty tree was sent ahead of the outcome
-    /// that precedes them.
-    ahead: Option<(u64, u64, Arm)>,
-    /// A decision to draft, taken ahead, for the step after the last tree.
-    deferred: Option<Plan>,
-    /// The last applied outcome, until its time is recorded.
-    untimed: Option<Untimed>,
-    /// When the previous outcome arrived.
-    last_outcome: Option<Instant>,
-    /// Draft model trees are drafted ahead (see [`ahead`]).
-    draft_ahead: bool,
-    /// The guess drafted ahead, until the outcome it guessed arrives.
-    guess: Option<ahead::Guess>,
-    /// A guess that held: the next tree, for the plan it was drafted for.
-    ready: Option<(Plan, TokenTree)>,
-    /// Moving average of the guesses that held.
-    hit_rate: f64,
-    /// The guess's context (reused: no allocation per step).
-    ahead_context: Vec<u32>,
-    ahead_stats: AheadStats,
-    /// `ahead_stats.secs` as last reported on a tree.
-    ahead_reported: f64,
 }
 
 impl DraftSession {
@@ -280,45 +214,33 @@ impl DraftSession {
             }
         }
         Ok(DraftSession {
-            epoch: spec.epoch,
-            tenant: spec.tenant,
-            vocab: spec.vocab,
-            prompt_len: spec.prompt_len,
-            max_new_tokens: spec.max_new_tokens,
-            max_context,
-            max_draft_tokens: spec.max_draft_tokens,
-            max_depth: spec.max_depth,
+            terms: Terms {
+                epoch: spec.epoch,
+                tenant: spec.tenant,
+                vocab: spec.vocab,
+                prompt_len: spec.prompt_len,
+                max_new_tokens: spec.max_new_tokens,
+                max_context,
+                max_draft_tokens: spec.max_draft_tokens,
+                max_depth: spec.max_depth,
+                first_batch: spec.batch_size,
+            },
             drafter,
-            first_batch: spec.batch_size,
             node_budget: None,
             arms,
-            forward_secs,
-            live: deadline::LiveTimes::starting(spec.target.step_seconds),
-            last_draft: (0.0, 0, 0),
             context: spec.tokens,
-            awaited: None,
-            next_step: spec.first_step,
-            pipeline,
-            ahead: None,
-            deferred: None,
-            untimed: None,
-            last_outcome: None,
-            draft_ahead: false,
-            guess: None,
-            ready: None,
-            hit_rate: 0.0,
-            ahead_context: Vec::new(),
-            ahead_stats: AheadStats::default(),
-            ahead_reported: 0.0,
+            ledger: StepLedger::starting(spec.first_step, pipeline),
+            clock: Clock::starting(forward_secs, spec.target.step_seconds),
+            guesses: Guesses::default(),
         })
     }
 
     /// Drafts the draft model's trees ahead of their outcome (see
-    /// [`ahead`]).
+    /// [`guess`]).
     pub fn with_draft_ahead(mut self, on: bool) -> DraftSession {
-        self.draft_ahead = on;
+        self.guesses.on = on;
         if on {
-            self.hit_rate = ahead::PRIOR_HIT_RATE;
+            self.guesses.hit_rate = guess::PRIOR_HIT_RATE;
             self.price_levels();
         }
         self
@@ -344,7 +266,7 @@ impl DraftSession {
 
     /// Seconds of one draft model forward, once measured.
     pub fn draft_forward_secs(&self) -> Option<f64> {
-        self.forward_secs
+        self.clock.forward_secs
     }
 
     /// Times the outcome just applied, arrived at `now`: the time since the
@@ -353,21 +275,11 @@ impl DraftSession {
     /// overhead of speculating (`specmesh_draft::StepTiming`). The first
     /// outcome only starts the clock: its time includes the prefill.
     pub fn record_step_time(&mut self, now: Instant) {
-        let Some(u) = self.untimed.take() else {
-            return;
-        };
-        if u.model_forwards > 0 && u.caught_up <= MAX_LEVEL_CATCH_UP {
-            let per = u.draft_secs / u.model_forwards as f64;
-            let avg = self
-                .forward_secs
-                .map_or(per, |f| f + FORWARD_EMA * (per - f));
-            self.forward_secs = Some(avg);
-        }
-        let Some(prev) = self.last_outcome.replace(now) else {
+        let Some((u, since)) = self.clock.settle(now) else {
             return;
         };
         // The drafting is priced per level (below), not as overhead.
-        let secs = now.saturating_duration_since(prev).as_secs_f64() - u.draft_secs;
+        let secs = since - u.draft_secs;
         for &arm in self.drafter.arms() {
             // Plain steps are every arm's unit; a speculative step teaches
             // the arm that drafted it.
@@ -392,12 +304,12 @@ impl DraftSession {
 
     /// The verifier's batch as the session started.
     pub fn first_batch(&self) -> usize {
-        self.first_batch
+        self.terms.first_batch
     }
 
     /// Drafts the tree for `plan` and awaits its outcome.
     pub fn draft(&mut self, plan: Plan) -> Result<Drafted, DrafterError> {
-        let limits = plan.budget.limits(self.vocab);
+        let limits = plan.budget.limits(self.terms.vocab);
         // Never empty: the start's tokens were, and the context only grows.
         let Some(&root) = self.context.last() else {
             return Err(DrafterError::Internal(
@@ -407,7 +319,7 @@ impl DraftSession {
         let ready = self.take_ready(&plan);
         let ctx = DraftContext {
             tokens: &self.context,
-            prompt_len: self.prompt_len,
+            prompt_len: self.terms.prompt_len,
             limits,
         };
         let before = self.drafter.model_stats();
@@ -415,14 +327,14 @@ impl DraftSession {
         let drafted_ahead = ready.is_some();
         let proposed = match ready {
             Some(tree) => {
-                self.ahead_stats.hits += 1;
+                self.guesses.stats.hits += 1;
                 self.drafter.with_model_tree(plan.arm, &ctx, tree)
             }
             None => self.drafter.propose(plan.arm, &ctx),
         };
         let took = t0.elapsed();
         let after = self.drafter.model_stats();
-        self.last_draft = (
+        self.clock.last_draft = (
             took.as_secs_f64(),
             after.forwards - before.forwards,
             after.context_tokens - before.context_tokens,
@@ -443,7 +355,7 @@ impl DraftSession {
                 .map_err(|e| DrafterError::Internal(format!("root-only tree: {e}")))?
         };
         let sent = SentTree {
-            epoch: self.epoch,
+            epoch: self.terms.epoch,
             step: plan.step,
             span: 1,
             tree: Some(tree.clone()),
@@ -451,19 +363,11 @@ impl DraftSession {
             drafted_by: Some(plan.arm),
             computed: Computed {
                 draft: took,
-                ahead: Duration::from_secs_f64(
-                    (self.ahead_stats.secs - self.ahead_reported).max(0.0),
-                ),
+                ahead: self.guesses.unreported_time(),
             },
         };
-        self.ahead_reported = self.ahead_stats.secs;
         let nodes = tree.draft_len();
-        self.awaited = Some(Awaited::Tree {
-            step: plan.step,
-            tree,
-            arm: plan.arm,
-        });
-        self.next_step = plan.step + 1;
+        self.ledger.sent(plan.step, tree, plan.arm);
         let retokenized = (after.retokenize_nanos > before.retokenize_nanos).then(|| Retokenized {
             took: Duration::from_nanos(after.retokenize_nanos - before.retokenize_nanos),
             lost: after.boundary_lost - before.boundary_lost,
@@ -478,16 +382,18 @@ impl DraftSession {
 
     /// The target's vocabulary size.
     pub fn vocab(&self) -> u32 {
-        self.vocab
+        self.terms.vocab
     }
 
     pub fn tenant(&self) -> &TenantKey {
-        &self.tenant
+        &self.terms.tenant
     }
 
     /// The session's output so far: its context after the prompt.
     pub fn output(&self) -> &[u32] {
-        self.context.get(self.prompt_len..).unwrap_or_default()
+        self.context
+            .get(self.terms.prompt_len..)
+            .unwrap_or_default()
     }
 }
 

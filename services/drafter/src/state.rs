@@ -5,9 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::drafters::DrafterSet;
+use crate::error::DrafterError;
 use crate::learned::Learning;
 use crate::stats::Stats;
 
@@ -31,4 +32,17 @@ pub struct State {
     /// Becomes `true` when the shutdown grace period is over: open streams
     /// end with UNAVAILABLE.
     pub stop: watch::Receiver<bool>,
+}
+
+impl State {
+    /// A session slot for a new draft stream, or BUSY (counted) when every
+    /// one is taken.
+    pub fn admit(&self) -> Result<OwnedSemaphorePermit, DrafterError> {
+        Arc::clone(&self.slots).try_acquire_owned().map_err(|_| {
+            self.stats.session_refused();
+            DrafterError::Busy {
+                max: self.max_sessions,
+            }
+        })
+    }
 }

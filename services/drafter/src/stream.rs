@@ -40,7 +40,7 @@ use crate::learned::Workload;
 use crate::session::{Applied, DraftSession, Drafted, Plan, Reported};
 use crate::state::State;
 use crate::validate::Report;
-use specmesh_proto::StartSpec;
+use crate::validate::StartSpec;
 
 /// How long a failed stream waits to hand its error status to a verifier
 /// that is not reading, before giving up.
@@ -138,7 +138,7 @@ impl DraftStream {
                 if let (Some(learning), Some(w)) = (&state.learning, &workload) {
                     learning.record(w, &session);
                 }
-                let ahead = session.ahead_stats();
+                let ahead = session.guess_stats();
                 tracing::info!(
                     ?end,
                     trees = tally.trees,

@@ -1,6 +1,6 @@
 //! The edge: the verifier's `DraftStart` and `StepOutcome` messages become
-//! validated [`StartSpec`] (converted by `specmesh_proto`, then held to
-//! this drafter's context limit) and [`Report`] values here (tokens within
+//! validated [`StartSpec`] (each field checked in [`start`](mod@start), then
+//! held to this drafter's context limit) and [`Report`] values here (tokens within
 //! the vocabulary, top-k rows whole), and nothing past this module reads a
 //! wire message. What a report says is then checked against the tree it
 //! reports on ([`Outcome`], [`SpanOutcome`]), and a tree to send is written
@@ -15,9 +15,13 @@ use std::time::Duration;
 
 use specmesh_draft::{Arm, TokenTree};
 use specmesh_proto::field::check_tokens;
-use specmesh_proto::{StartSpec, tree_to_wire, v1};
+use specmesh_proto::{tree_to_wire, v1};
 
 use crate::error::DrafterError;
+
+mod start;
+
+pub use start::{ANONYMOUS_TENANT, CacheScope, StartSpec, TargetModel};
 
 /// Validates `start`; contexts (and predictions) longer than
 /// `max_context` tokens are refused.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use specmesh_server::cli::Service;
 use specmesh_server::discovery::{MemberSource, SourceError, parse_sources};
-use specmesh_server::{ServerArgs, TlsArgs};
+use specmesh_server::{Endpoints, ServerArgs};
 
 use crate::quota::QuotaLimits;
 
@@ -194,14 +194,10 @@ pub struct Args {
 /// `Config::try_from(args)`.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub listen: SocketAddr,
-    /// Where to serve Prometheus `/metrics`; `None`: nowhere.
-    pub metrics_listen: Option<SocketAddr>,
-    /// Where to serve plaintext health for probes; `None`: nowhere.
-    pub health_listen: Option<SocketAddr>,
+    /// Where and how it serves: the kit's shared flags.
+    pub endpoints: Endpoints,
     /// Where to serve the OpenAI-compatible HTTP API; `None`: nowhere.
     pub http_listen: Option<SocketAddr>,
-    pub tls: TlsArgs,
     /// Per-tenant limits.
     pub quotas: QuotaLimits,
     /// The API key file; `None`: callers are not authenticated.
@@ -236,7 +232,6 @@ pub struct Config {
     pub max_replacements: u32,
     pub connect_timeout: Duration,
     pub placement_wait: Duration,
-    pub shutdown_grace: Duration,
 }
 
 /// A flag value the gateway cannot run with.
@@ -313,11 +308,8 @@ impl TryFrom<Args> for Config {
             .model
             .unwrap_or_else(|| PathBuf::from(specmesh_catalog::DEFAULT_MODEL));
         Ok(Config {
-            listen: args.server.listen,
-            metrics_listen: args.server.metrics_listen,
-            health_listen: args.server.health_listen,
+            endpoints: args.server.endpoints(),
             http_listen: args.http_listen,
-            tls: args.server.tls,
             quotas: QuotaLimits {
                 max_concurrent: (args.tenant_max_concurrent > 0)
                     .then_some(args.tenant_max_concurrent),
@@ -348,7 +340,6 @@ impl TryFrom<Args> for Config {
             max_replacements: args.max_replacements,
             connect_timeout: Duration::from_millis(args.connect_timeout_ms),
             placement_wait: Duration::from_millis(args.placement_wait_ms),
-            shutdown_grace: Duration::from_secs(args.server.shutdown_grace_secs),
         })
     }
 }
@@ -357,11 +348,11 @@ impl Config {
     /// A configuration with the flag defaults, for embedding and tests.
     pub fn new(verifiers: Vec<String>, model: PathBuf) -> Self {
         Config {
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            metrics_listen: None,
-            health_listen: None,
+            endpoints: Endpoints::plaintext(
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+                Duration::from_secs(30),
+            ),
             http_listen: None,
-            tls: TlsArgs::plaintext(),
             quotas: QuotaLimits::default(),
             api_keys: None,
             api_keys_reload: Duration::from_secs(10),
@@ -387,7 +378,6 @@ impl Config {
             max_replacements: 2,
             connect_timeout: Duration::from_secs(2),
             placement_wait: Duration::from_secs(10),
-            shutdown_grace: Duration::from_secs(30),
         }
     }
 }

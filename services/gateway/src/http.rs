@@ -144,7 +144,7 @@ pub async fn serve(
     };
     let url = format!("{scheme}://{bound}");
     tracing::info!(%url, "serving the OpenAI-compatible HTTP API");
-    specmesh_server::tell_launcher(&format!("specmesh-gateway http on {url}"));
+    specmesh_server::tell_launcher("specmesh-gateway", specmesh_server::Ready::Http, &url);
     Ok(task)
 }
 

@@ -20,7 +20,6 @@
 
 pub mod auth;
 mod config;
-mod decode;
 mod error;
 mod health;
 pub mod http;
@@ -36,9 +35,10 @@ mod quota;
 mod resolve;
 mod server;
 mod service;
+mod spec_stats;
 mod state;
-mod stats;
 mod stop;
+mod stream;
 mod validate;
 
 #[cfg(test)]

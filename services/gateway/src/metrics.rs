@@ -251,7 +251,7 @@ impl GatewayMetrics {
         register(registry, self.migrations.clone());
     }
 
-    /// One verify step, counted as [`crate::stats::SpecStats`] counts it.
+    /// One verify step, counted as [`crate::spec_stats::SpecStats`] counts it.
     pub fn step(&self, step: &Committed) {
         self.forced_tokens
             .inc_by(u64::from(step.forced.min(step.tokens.len() as u32)));

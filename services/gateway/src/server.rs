@@ -47,14 +47,8 @@ impl specmesh_server::Service for Gateway {
         &args.server
     }
 
-    fn endpoints(config: &Config) -> Endpoints {
-        Endpoints {
-            listen: config.listen,
-            metrics_listen: config.metrics_listen,
-            health_listen: config.health_listen,
-            tls: config.tls.clone(),
-            shutdown_grace: config.shutdown_grace,
-        }
+    fn endpoints(config: &Config) -> &Endpoints {
+        &config.endpoints
     }
 
     async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {

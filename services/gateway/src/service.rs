@@ -16,10 +16,10 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::{Caller, Callers};
 use crate::config::{Config, ConfigError};
-use crate::decode::{RequestContext, Summary};
 use crate::error::GatewayError;
 use crate::model::ModelMeta;
 use crate::state::{Event, Generated, State};
+use crate::stream::{RequestContext, Summary};
 use crate::validate::Limits;
 
 /// Response metadata naming the request in the gateway's logs.

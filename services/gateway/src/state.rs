@@ -28,7 +28,6 @@ use tracing::{Instrument, Span, field, info_span};
 
 use crate::auth::{Caller, Callers};
 use crate::config::{Config, ConfigError, DEFAULT_MAX_NEW_TOKENS};
-use crate::decode::{DecodeLoop, RequestContext};
 use crate::error::GatewayError;
 use crate::health::Role;
 use crate::members::{ClientSettings, Members};
@@ -36,11 +35,12 @@ use crate::metrics::{GatewayMetrics, MemberMetrics};
 use crate::model::ModelMeta;
 use crate::quota::{QuotaPermit, Quotas};
 use crate::resolve::{self, Sources};
+use crate::stream::{DecodeLoop, RequestContext};
 use crate::validate::{Limits, ValidGenerateRequest, Validator};
 
-mod generate;
+mod pipeline;
 
-pub use generate::{Event, Generated};
+pub use pipeline::{Event, Generated};
 
 /// Events buffered between the decode loop and a slow streaming client;
 /// beyond this the loop waits (and so does the verifier, through gRPC flow
@@ -179,7 +179,7 @@ impl State {
             _resolve: resolve,
             draining: AtomicBool::new(false),
             closing: watch::channel(false).0,
-            grace: config.shutdown_grace,
+            grace: config.endpoints.shutdown_grace,
         })
     }
 

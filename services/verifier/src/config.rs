@@ -2,7 +2,6 @@
 //! kit's rule: `--max-sessions` reads `SPECMESH_VERIFIER_MAX_SESSIONS`), and
 //! the validated config.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -10,7 +9,7 @@ use anyhow::{Context, bail};
 use specmesh_server::cli::Service;
 use specmesh_server::cli::{FlagError, in_range};
 use specmesh_server::discovery::{MemberSource, SourceError, parse_sources};
-use specmesh_server::{ServerArgs, TlsArgs};
+use specmesh_server::{Endpoints, ServerArgs};
 
 /// The verifier as its command line knows it.
 pub const SERVICE: Service = Service {
@@ -133,12 +132,8 @@ pub struct Args {
 
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub listen: SocketAddr,
-    /// Where to serve Prometheus `/metrics`; `None`: nowhere.
-    pub metrics_listen: Option<SocketAddr>,
-    /// Where to serve plaintext health for probes; `None`: nowhere.
-    pub health_listen: Option<SocketAddr>,
-    pub tls: TlsArgs,
+    /// Where and how it serves: the kit's shared flags.
+    pub endpoints: Endpoints,
     pub drafter_tls_name: Option<String>,
     /// Drafter entries, possibly none.
     pub drafters: Vec<MemberSource>,
@@ -163,7 +158,6 @@ pub struct Config {
     pub max_forward_tokens: usize,
     pub prefix_cache: bool,
     pub max_sessions: usize,
-    pub shutdown_grace: Duration,
 }
 
 /// A flag combination that cannot run; messages name the flag.
@@ -212,10 +206,7 @@ impl TryFrom<Args> for Config {
             .transpose()
             .map_err(|e| ConfigError::CostCurve(format!("{e:#}")))?;
         Ok(Config {
-            listen: a.server.listen,
-            metrics_listen: a.server.metrics_listen,
-            health_listen: a.server.health_listen,
-            tls: a.server.tls,
+            endpoints: a.server.endpoints(),
             drafter_tls_name: a.drafter_tls_name,
             drafters,
             resolve_interval: Duration::from_millis(a.resolve_interval_ms),
@@ -238,7 +229,6 @@ impl TryFrom<Args> for Config {
             max_forward_tokens: a.max_forward_tokens,
             prefix_cache: a.prefix_cache,
             max_sessions: a.max_sessions,
-            shutdown_grace: Duration::from_secs(a.server.shutdown_grace_secs),
         })
     }
 }
@@ -299,7 +289,7 @@ mod tests {
         assert_eq!(env("recycle_top_k"), "SPECMESH_VERIFIER_RECYCLE_TOP_K");
         assert_eq!(env("listen"), "SPECMESH_VERIFIER_LISTEN");
         let c = parse(&[]).unwrap();
-        assert_eq!(c.listen.to_string(), SERVICE.default_listen);
+        assert_eq!(c.endpoints.listen.to_string(), SERVICE.default_listen);
         assert_eq!((c.max_sessions, c.recycle_top_k), (256, 8));
         let err = |extra: &[&str]| parse(extra).unwrap_err().to_string();
         assert_eq!(

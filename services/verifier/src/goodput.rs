@@ -19,11 +19,11 @@
 
 use std::time::Instant;
 
-use specmesh_draft::Sources;
 use specmesh_planner::{
     Calibration, Contention, DepthCorrection, Forecast, Offer, Overhead, Planner, ScoreTable,
     StepModel,
 };
+use specmesh_tree::Sources;
 use specmesh_tree::TokenTree;
 
 use crate::drafting::{DraftingLog, Forward, Overlaps};

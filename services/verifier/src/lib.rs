@@ -11,19 +11,19 @@
 
 #![forbid(unsafe_code)]
 
+mod allowed_drafters;
 mod batch_metrics;
 mod batcher;
 pub mod calibrate;
 pub mod config;
 mod draft_link;
-mod drafters;
 mod drafting;
 mod error;
 mod goodput;
 mod memory;
 mod metrics;
+mod outcome;
 mod reattach;
-mod report;
 mod server;
 mod service;
 mod state;

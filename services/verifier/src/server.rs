@@ -17,11 +17,11 @@ use specmesh_tokenizer::Tokenizer;
 use tokio::sync::Semaphore;
 use tonic::service::interceptor::InterceptedService;
 
+use crate::allowed_drafters::{self, Drafters};
 use crate::batcher::{Batcher, BatcherConfig};
 use crate::calibrate;
 use crate::config::{Args, Config, SERVICE};
 use crate::draft_link::DrafterChannels;
-use crate::drafters::{self, Drafters};
 use crate::goodput;
 use crate::memory::KvMemory;
 use crate::metrics;
@@ -51,14 +51,8 @@ impl specmesh_server::Service for Verifier {
         &args.server
     }
 
-    fn endpoints(config: &Config) -> Endpoints {
-        Endpoints {
-            listen: config.listen,
-            metrics_listen: config.metrics_listen,
-            health_listen: config.health_listen,
-            tls: config.tls.clone(),
-            shutdown_grace: config.shutdown_grace,
-        }
+    fn endpoints(config: &Config) -> &Endpoints {
+        &config.endpoints
     }
 
     async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
@@ -83,12 +77,15 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
     let (model, eos, vocab_fingerprint, grammars) =
         tokio::task::spawn_blocking(move || load(&model_path, opts)).await??;
     let memory = specmesh_model::process::memory_line(model.weight_bytes());
-    println!(
-        "specmesh-verifier: model {} loaded ({} kernels, {} KV): {memory}",
-        config.model.display(),
-        model.kernels(),
-        model.kv_dtype()
-    );
+    // For the person who started it; a JSON log has the line below.
+    if specmesh_server::telemetry::log_format() == specmesh_server::LogFormat::Text {
+        println!(
+            "specmesh-verifier: model {} loaded ({} kernels, {} KV): {memory}",
+            config.model.display(),
+            model.kernels(),
+            model.kv_dtype()
+        );
+    }
     tracing::info!(model = %config.model.display(), %memory, kernels = %model.kernels(), "model loaded");
     let model = Arc::new(model);
     // The curve's own k = 1 measurement is the plain step; a given curve
@@ -142,7 +139,7 @@ async fn build(config: Config, security: &Security) -> anyhow::Result<Built> {
     let max_context = model.config().max_context;
     let drafters = Arc::new(Drafters::new(config.drafters.clone()));
     let resolve = drafters.is_dynamic().then(|| {
-        AbortOnDrop(tokio::spawn(drafters::resolve_every(
+        AbortOnDrop(tokio::spawn(allowed_drafters::resolve_every(
             Arc::clone(&drafters),
             config.resolve_interval,
         )))

@@ -8,10 +8,10 @@ use specmesh_model::Model;
 use specmesh_proto::v1;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::allowed_drafters::Drafters;
 use crate::batcher::Batcher;
 use crate::config::Config;
 use crate::draft_link::DrafterChannels;
-use crate::drafters::Drafters;
 use crate::error::VerifierError;
 use crate::memory::KvMemory;
 use crate::validate::{RunLimits, ValidRun};

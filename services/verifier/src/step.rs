@@ -10,12 +10,12 @@
 //! or telling it anything, and reports the whole run in one outcome after
 //! its last step. The gateway sees every step as usual.
 
-use specmesh_draft::Sources;
 use specmesh_engine::{Finish, Step};
+use specmesh_tree::Sources;
 use specmesh_tree::{TokenTree, TreeLimits, merge};
 
 use crate::error::VerifierError;
-use crate::report::{Outcome, Report};
+use crate::outcome::{Outcome, Report};
 
 /// What the drafter answered for a step.
 #[derive(Debug)]

@@ -1,16 +1,19 @@
-//! The edge: a `RunRequest`, converted by `specmesh_proto` (each field well
-//! formed), becomes a [`ValidRun`] here, held to this verifier's model and
+//! The edge: a `RunRequest`, each field checked on its own ([`RunSpec`],
+//! in [`run`](mod@run)), becomes a [`ValidRun`] here, held to this verifier's model and
 //! limits. Nothing past this module reads a wire request.
 
-use specmesh_draft::Sources;
 use specmesh_proto::field::check_tokens;
-use specmesh_proto::{FieldError, RunSpec, check_top_k, last_step, tree_from_wire, tree_span, v1};
+use specmesh_proto::{FieldError, check_top_k, last_step, tree_from_wire, tree_span, v1};
 use specmesh_sampling::SamplingParams;
-use specmesh_tree::TreeLimits;
+use specmesh_tree::{Sources, TreeLimits};
 
 use crate::error::VerifierError;
-use crate::report::Outcome;
+use crate::outcome::Outcome;
 use crate::step::{Answer, Committed, Drafted};
+
+mod run;
+
+pub use run::{CacheKey, RunSpec};
 
 /// What a run is validated against.
 #[derive(Debug, Clone, Copy)]
@@ -36,7 +39,7 @@ pub struct ValidRun {
     pub params: SamplingParams,
     pub draft: Option<DraftPlan>,
     /// Where the session's kept cache is found.
-    pub cache_key: Option<specmesh_proto::CacheKey>,
+    pub cache_key: Option<CacheKey>,
     /// Keep the session's KV under `cache_key` when it ends.
     pub keep_cache: bool,
     /// The prefix cache's scope: the tenant and the caller's salt.
@@ -60,7 +63,7 @@ pub struct DraftPlan {
     /// At least 1, at most the verifier's bound.
     pub max_draft_tokens: usize,
     pub tenant: String,
-    pub sources: specmesh_draft::Sources,
+    pub sources: specmesh_tree::Sources,
     /// Where to re-attach the session when the drafter is lost, in order.
     pub fallbacks: Vec<String>,
     /// The caller's predicted output; tokens below the vocabulary, at most
@@ -274,7 +277,7 @@ pub(crate) fn test_plan(endpoint: &str, fallbacks: &[&str]) -> DraftPlan {
         endpoint: endpoint.into(),
         max_draft_tokens: 8,
         tenant: String::new(),
-        sources: specmesh_draft::Sources::Auto,
+        sources: specmesh_tree::Sources::Auto,
         fallbacks: fallbacks.iter().map(|s| s.to_string()).collect(),
         prediction: Vec::new(),
     }

@@ -44,42 +44,24 @@
 //! draft model present costs no exploration, and where they do not, the
 //! model is tried as before.
 
+pub use specmesh_tree::Sources;
+
 use super::{CostCurve, Decision, Learned, PolicyConfig, PolicyError, SpecPolicy};
 
-/// What a session may draft with, as the request asked.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Sources {
-    /// The policy chooses per step among what the drafter has.
-    #[default]
-    Auto,
-    /// Suffix decoding, prompt lookup and token recycling only.
-    ModelFree,
-    /// The draft model only.
-    DraftModel,
-    /// The draft model and the model-free drafters, merged into one tree.
-    Combined,
-}
-
-impl Sources {
-    /// Whether these sources need a draft model.
-    pub fn needs_model(self) -> bool {
-        matches!(self, Sources::DraftModel | Sources::Combined)
-    }
-
-    /// The arms a session chooses among, given whether the drafter has a
-    /// draft model. Empty when the request needs a model there is not.
-    pub fn arms(self, has_model: bool) -> Vec<Arm> {
-        match (self, has_model) {
-            // The draft model merged with the model-free drafters. Its own
-            // trees as the second arm instead were measured no better (1.5B,
-            // SmolLM2 drafting ahead from a core of its own, Spec-Bench 3
-            // per category: 1.31x either way; docs/lab/separate-host.md).
-            (Sources::Auto, true) => vec![Arm::ModelFree, Arm::Combined],
-            (Sources::Auto | Sources::ModelFree, _) => vec![Arm::ModelFree],
-            (Sources::DraftModel, true) => vec![Arm::Model],
-            (Sources::Combined, true) => vec![Arm::Combined],
-            (Sources::DraftModel | Sources::Combined, false) => Vec::new(),
-        }
+/// The arms a session chooses among for `sources`, given whether the
+/// drafter has a draft model. Empty when the request needs a model there
+/// is not.
+pub fn arms_for(sources: Sources, has_model: bool) -> Vec<Arm> {
+    match (sources, has_model) {
+        // The draft model merged with the model-free drafters. Its own
+        // trees as the second arm instead were measured no better (1.5B,
+        // SmolLM2 drafting ahead from a core of its own, Spec-Bench 3
+        // per category: 1.31x either way; docs/lab/separate-host.md).
+        (Sources::Auto, true) => vec![Arm::ModelFree, Arm::Combined],
+        (Sources::Auto | Sources::ModelFree, _) => vec![Arm::ModelFree],
+        (Sources::DraftModel, true) => vec![Arm::Model],
+        (Sources::Combined, true) => vec![Arm::Combined],
+        (Sources::DraftModel | Sources::Combined, false) => Vec::new(),
     }
 }
 
@@ -335,13 +317,15 @@ mod tests {
 
     #[test]
     fn sources_name_their_arms() {
-        assert_eq!(Sources::Auto.arms(true), [Arm::ModelFree, Arm::Combined]);
-        assert_eq!(Sources::Auto.arms(false), [Arm::ModelFree]);
-        assert_eq!(Sources::ModelFree.arms(true), [Arm::ModelFree]);
-        assert_eq!(Sources::DraftModel.arms(true), [Arm::Model]);
-        assert!(Sources::DraftModel.arms(false).is_empty());
-        assert!(Sources::Combined.arms(false).is_empty());
-        assert!(Sources::Combined.needs_model() && !Sources::Auto.needs_model());
+        assert_eq!(
+            arms_for(Sources::Auto, true),
+            [Arm::ModelFree, Arm::Combined]
+        );
+        assert_eq!(arms_for(Sources::Auto, false), [Arm::ModelFree]);
+        assert_eq!(arms_for(Sources::ModelFree, true), [Arm::ModelFree]);
+        assert_eq!(arms_for(Sources::DraftModel, true), [Arm::Model]);
+        assert!(arms_for(Sources::DraftModel, false).is_empty());
+        assert!(arms_for(Sources::Combined, false).is_empty());
     }
 
     #[test]

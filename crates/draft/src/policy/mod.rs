@@ -60,7 +60,7 @@ mod timing;
 use specmesh_tree::TreeLimits;
 
 pub use acceptance::{AcceptanceStats, offered_and_accepted};
-pub use arms::{Arm, Arms, Sources};
+pub use arms::{Arm, Arms, Sources, arms_for};
 pub use curve::CostCurve;
 pub use ledger::{Learned, Ledger};
 pub use timing::StepTiming;

@@ -92,6 +92,28 @@ where
     }
 }
 
+/// One line in the shape of [`JsonLines`]' (`timestamp`, `level`,
+/// `target`, `message`, then `fields`), for what the kit writes outside a
+/// tracing event: the readiness lines launchers read on stdout.
+pub fn json_line<'a>(
+    level: &str,
+    message: &str,
+    fields: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> String {
+    let mut line = Map::new();
+    let mut timestamp = String::new();
+    // Writing into a String cannot fail.
+    let _ = SystemTime.format_time(&mut Writer::new(&mut timestamp));
+    line.insert("timestamp".into(), Value::String(timestamp));
+    line.insert("level".into(), Value::from(level));
+    line.insert("target".into(), Value::from(module_path!()));
+    line.insert("message".into(), Value::from(message));
+    for (k, v) in fields {
+        line.insert(k.into(), Value::from(v));
+    }
+    Value::Object(line).to_string()
+}
+
 /// The trace and span id (hex) of the innermost span around the event
 /// that OpenTelemetry knows (a span filtered out of tracing has none).
 fn otel_ids<S, N>(ctx: &FmtContext<'_, S, N>, dispatch: &Dispatch) -> Option<(String, String)>
@@ -114,8 +136,12 @@ struct Fields<'a>(&'a mut Map<String, Value>);
 
 impl Visit for Fields<'_> {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0
-            .insert(field.name().into(), Value::String(format!("{value:?}")));
+        // A struct (`?config`) becomes an object of its fields, so a log
+        // collector indexes `config.max_batch` rather than one string.
+        self.0.insert(
+            field.name().into(),
+            super::debug_json::value(&format!("{value:?}")),
+        );
     }
     fn record_str(&mut self, field: &Field, value: &str) {
         self.0.insert(field.name().into(), Value::from(value));

@@ -4,7 +4,9 @@
 
 use specmesh_draft::{Arm, Budget, Feedback, TokenTree};
 
-use super::{Applied, Awaited, DraftSession, Reported, Untimed};
+use super::clock::Untimed;
+use super::ledger::{Awaited, SentAhead};
+use super::{Applied, DraftSession, Reported};
 use crate::error::DrafterError;
 use crate::validate::{Outcome, Report, SpanOutcome};
 
@@ -12,45 +14,16 @@ impl DraftSession {
     /// Takes in the verifier's outcome of the next unreported steps. Errors
     /// end the stream with INVALID_ARGUMENT and change nothing.
     pub fn apply(&mut self, report: Report) -> Result<Applied, DrafterError> {
-        let Some(awaited) = &self.awaited else {
-            return Err(DrafterError::Internal(
-                "an outcome was applied while no tree awaited one".into(),
-            ));
-        };
-        let (next, last) = awaited.steps();
-        let step = report.step;
-        if step < next {
+        let (step, span) = (report.step, report.span);
+        if !self.ledger.is_due(step, span)? {
             return Ok(Applied::Ignored);
         }
-        if step > last {
-            let reason = format!(
-                "is {step}, but the outcome due reports {}: outcomes were lost",
-                steps_text(next, last)
-            );
-            return Err(DrafterError::invalid("outcome.step", reason));
-        }
-        let span = report.span;
         let tree_wait_us = report.tree_wait_us;
         let forward_us = report.forward_us;
         let tree_deadline_us = report.tree_deadline_us;
-        // `step` is at most `last`, a step a tree was sent for: no overflow.
-        let first = (step + 1).checked_sub(span);
-        if first != Some(next) {
-            let reason = match first {
-                Some(first) if first > next => format!(
-                    "is {span}: the outcome reports {} but not {} before it: outcomes were lost",
-                    steps_text(first, step),
-                    steps_text(next, first - 1)
-                ),
-                _ => format!(
-                    "is {span}: the outcome reports steps before step {next}, which were \
-                     reported already"
-                ),
-            };
-            return Err(DrafterError::invalid("outcome.span", reason));
-        }
-        let awaited = self.awaited.take().expect("checked above");
+        let awaited = self.ledger.awaited.take().expect("checked above");
         let arm = awaited.arm();
+        let last = awaited.steps().1;
         let drafted = match &awaited {
             Awaited::Tree { tree, .. } => tree.len() - 1,
             Awaited::Span { .. } => 0,
@@ -62,7 +35,7 @@ impl DraftSession {
         let (mut reported, batch) = match applied {
             Ok(a) => a,
             Err(e) => {
-                self.awaited = Some(awaited);
+                self.ledger.awaited = Some(awaited);
                 return Err(e);
             }
         };
@@ -80,19 +53,20 @@ impl DraftSession {
         );
         // A guess held the drafter up until this outcome came, so the
         // verifier's wait for the tree is not the link's alone.
-        let guessed = self.guess.is_some();
+        let guessed = self.guesses.pending.is_some();
         // Whatever the outcome, a guess drafted ahead is settled by it.
         self.settle_guess();
         // Every tree was drafted, empty ones too (a model may draft nothing
         // usable): its drafting is not the step's.
         let (draft_secs, model_forwards, caught_up) = match &awaited {
-            Awaited::Tree { .. } => std::mem::take(&mut self.last_draft),
+            Awaited::Tree { .. } => std::mem::take(&mut self.clock.last_draft),
             Awaited::Span { .. } => (0.0, 0, 0),
         };
-        self.live
+        self.clock
+            .live
             .observe(forward_us, tree_wait_us, draft_secs, !guessed && span == 1);
-        self.live.observe_deadline(tree_deadline_us);
-        self.untimed = Some(Untimed {
+        self.clock.live.observe_deadline(tree_deadline_us);
+        self.clock.untimed = Some(Untimed {
             arm,
             drafted,
             batch,
@@ -102,17 +76,17 @@ impl DraftSession {
             caught_up,
         });
         if step < last {
-            self.awaited = Some(Awaited::Span {
+            self.ledger.awaited = Some(Awaited::Span {
                 next: step + 1,
                 last,
                 arm,
             });
             return Ok(Applied::Within(reported));
         }
-        match self.ahead.take_if(|(first, _, _)| *first == last + 1) {
-            Some((first, last, arm)) => {
+        match self.ledger.sent_ahead.take_if(|s| s.first == last + 1) {
+            Some(SentAhead { first, last, arm }) => {
                 // Sent ahead: the verifier verifies the root alone there.
-                self.awaited = Some(Awaited::Span {
+                self.ledger.awaited = Some(Awaited::Span {
                     next: first,
                     last,
                     arm,
@@ -155,7 +129,7 @@ impl DraftSession {
         // policy its depth 1 was offered and refused, so an arm that keeps
         // paying forwards for empty trees stops being chosen.
         if drafted_nothing
-            && self.last_draft.1 > 0
+            && self.clock.last_draft.1 > 0
             && let Some(p) = self.arms.policy_mut(arm)
         {
             p.observe(1, 0);
@@ -202,7 +176,7 @@ impl DraftSession {
         let o = SpanOutcome::from_report(report, steps)?;
         self.check_room(o.committed.len())?;
         self.node_budget = o.node_budget;
-        let limits = Budget::OFF.limits(self.vocab);
+        let limits = Budget::OFF.limits(self.terms.vocab);
         if o.forced > 0 {
             // A grammar forced tokens between the steps' own: the rows no
             // longer follow the tokens one to one, so nothing is learned.
@@ -231,22 +205,13 @@ impl DraftSession {
     /// Refuses an outcome that would grow the context past its limit.
     fn check_room(&self, committed: usize) -> Result<(), DrafterError> {
         let grown = self.context.len().saturating_add(committed);
-        if grown > self.max_context {
+        if grown > self.terms.max_context {
             let reason = format!(
                 "would grow the context to {grown} tokens, over the drafter's limit of {}",
-                self.max_context
+                self.terms.max_context
             );
             return Err(DrafterError::invalid("outcome.committed", reason));
         }
         Ok(())
-    }
-}
-
-/// "step 4" or "steps 4..=9", for messages.
-fn steps_text(first: u64, last: u64) -> String {
-    if first == last {
-        format!("step {first}")
-    } else {
-        format!("steps {first}..={last}")
     }
 }

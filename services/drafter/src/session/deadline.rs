@@ -15,7 +15,7 @@
 //! waits for is priced per level by the policy.) A session that drafts
 //! ahead is not capped so: its guesses are bounded as below.
 //!
-//! **Drafting ahead.** A guess drafted ahead (see `ahead`) runs while the verifier verifies the
+//! **Drafting ahead.** A guess drafted ahead (see `guess`) runs while the verifier verifies the
 //! tree before it. It pays only if it is done when that tree's outcome
 //! arrives: from then on the verifier waits on it, and a guess grown past
 //! that point is a tree drafted late. The time it has is the verifier's
@@ -131,7 +131,7 @@ impl LiveTimes {
 impl DraftSession {
     /// The verifier's forward and the link's round trip as measured.
     pub fn live_times(&self) -> (Option<f64>, Option<f64>) {
-        (self.live.verify_secs, self.live.link_secs)
+        (self.clock.live.verify_secs, self.clock.live.link_secs)
     }
 }
 

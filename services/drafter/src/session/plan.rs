@@ -7,6 +7,7 @@ use std::time::Duration;
 use specmesh_draft::Budget;
 use specmesh_proto::MAX_TREE_SPAN;
 
+use super::ledger::SentAhead;
 use super::{DraftSession, Drafted, Plan};
 use crate::validate::{Computed, SentTree};
 
@@ -14,15 +15,15 @@ impl DraftSession {
     /// The plan for the first tree (step 0), for the verifier's batch as
     /// the session started.
     pub fn plan_first(&mut self) -> Plan {
-        self.plan(self.first_batch)
+        self.plan(self.terms.first_batch)
     }
 
     /// The plan for the tree due now: the decision taken ahead if there is
     /// one, else a fresh one.
     pub fn next_plan(&mut self, batch: usize) -> Plan {
-        match self.deferred.take() {
+        match self.ledger.kept.take() {
             Some(p) => Plan {
-                step: self.next_step,
+                step: self.ledger.next_step,
                 ..p
             },
             None => self.plan(batch),
@@ -37,24 +38,28 @@ impl DraftSession {
     ///
     /// [`next_plan`]: DraftSession::next_plan
     pub fn plan_ahead(&mut self, batch: usize) -> Option<Drafted> {
-        if !self.pipeline
-            || self.awaited.is_none()
-            || self.ahead.is_some()
-            || self.deferred.is_some()
+        if !self.ledger.pipeline
+            || self.ledger.awaited.is_none()
+            || self.ledger.sent_ahead.is_some()
+            || self.ledger.kept.is_some()
         {
             return None;
         }
         let (plan, span) = self.plan_run(batch, MAX_TREE_SPAN as usize);
         if !plan.budget.is_off() {
-            self.deferred = Some(plan);
+            self.ledger.kept = Some(plan);
             return None;
         }
         let last = specmesh_proto::last_step(plan.step, span as u32);
-        self.ahead = Some((plan.step, last, plan.arm));
-        self.next_step = last + 1;
+        self.ledger.sent_ahead = Some(SentAhead {
+            first: plan.step,
+            last,
+            arm: plan.arm,
+        });
+        self.ledger.next_step = last + 1;
         Some(Drafted {
             tree: SentTree {
-                epoch: self.epoch,
+                epoch: self.terms.epoch,
                 step: plan.step,
                 span: span as u32,
                 tree: None,
@@ -94,17 +99,20 @@ impl DraftSession {
             batch.max(1)
         };
         self.arms.set_grant_cap(self.node_budget);
-        let output = self.context.len().saturating_sub(self.prompt_len);
+        let output = self.context.len().saturating_sub(self.terms.prompt_len);
         self.arms
-            .set_tokens_left(self.max_new_tokens.map(|m| m.saturating_sub(output)));
+            .set_tokens_left(self.terms.max_new_tokens.map(|m| m.saturating_sub(output)));
         let (arm, decided, steps) = self.arms.decide_run(priced_for, max_steps);
         let budget = Budget {
-            max_nodes: decided.budget.max_nodes.min(self.max_draft_tokens + 1),
-            max_depth: decided.budget.max_depth.min(self.max_depth),
+            max_nodes: decided
+                .budget
+                .max_nodes
+                .min(self.terms.max_draft_tokens + 1),
+            max_depth: decided.budget.max_depth.min(self.terms.max_depth),
         };
         let budget = if budget.is_off() { Budget::OFF } else { budget };
         tracing::debug!(
-            step = self.next_step,
+            step = self.ledger.next_step,
             arm = arm.name(),
             nodes = budget.drafted(),
             depth = budget.max_depth,
@@ -114,7 +122,7 @@ impl DraftSession {
             "decided"
         );
         let plan = Plan {
-            step: self.next_step,
+            step: self.ledger.next_step,
             arm,
             budget,
         };

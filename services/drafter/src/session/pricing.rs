@@ -22,7 +22,7 @@ impl DraftSession {
 
     /// The deepest tree the session drafts.
     pub fn max_depth(&self) -> usize {
-        self.max_depth
+        self.terms.max_depth
     }
 
     /// Starts `arm` from what earlier sessions of the workload learned.
@@ -35,7 +35,7 @@ impl DraftSession {
     pub(super) fn price_levels(&mut self) {
         let exposed = self.exposed_drafting();
         for &arm in self.drafter.arms() {
-            let forward = self.forward_secs.filter(|_| arm.uses_model());
+            let forward = self.clock.forward_secs.filter(|_| arm.uses_model());
             let Some(p) = self.arms.policy_mut(arm) else {
                 continue;
             };
@@ -50,10 +50,10 @@ impl DraftSession {
     /// that holds is ready at the outcome: its depth is bounded as a
     /// guess's instead, where the batch's short wait would leave none.
     pub(super) fn cap_model_depth(&mut self, batch: usize) {
-        let cap = if self.draft_ahead && batch > 1 {
+        let cap = if self.guesses.on && batch > 1 {
             None
         } else {
-            self.live.tree_depth(self.forward_secs)
+            self.clock.live.tree_depth(self.clock.forward_secs)
         };
         for &arm in self.drafter.arms() {
             if arm.uses_model() {

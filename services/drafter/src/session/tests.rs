@@ -415,7 +415,7 @@ fn an_outcome_past_the_span_is_refused() {
 #[test]
 fn a_session_that_never_speculates_sends_spans_of_the_maximum() {
     let mut s = session(repetitive(), 0, 1000);
-    s.pipeline = true;
+    s.ledger.pipeline = true;
     first_tree(&mut s);
     let max = u64::from(MAX_TREE_SPAN);
     let ahead = s.plan_ahead(1).unwrap().wire();

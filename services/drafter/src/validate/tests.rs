@@ -1,7 +1,8 @@
 //! The drafter's wire edge: starts and outcomes, valid and refused.
 
+use super::ANONYMOUS_TENANT;
+use super::start::CurveFallback;
 use specmesh_draft::{CostCurve, PolicyError, TreeLimits};
-use specmesh_proto::{ANONYMOUS_TENANT, CurveFallback};
 use specmesh_tree::TreeBuilder;
 
 use super::*;

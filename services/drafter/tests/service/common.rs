@@ -28,10 +28,9 @@ pub struct Drafter {
 
 /// The config tests start from: any free port.
 pub fn config() -> Config {
-    Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        ..Config::default()
-    }
+    let mut config = Config::default();
+    config.endpoints.listen = "127.0.0.1:0".parse().unwrap();
+    config
 }
 
 impl Drafter {

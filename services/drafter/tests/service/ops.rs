@@ -84,7 +84,7 @@ async fn reflection_lists_the_drafter_in_both_versions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_open_streams_finish_then_closes_them() {
     let mut cfg = config();
-    cfg.shutdown_grace = Duration::from_millis(800);
+    cfg.endpoints.shutdown_grace = Duration::from_millis(800);
     let drafter = Drafter::start(cfg).await;
     let mut client = drafter.client().await;
 
@@ -137,7 +137,7 @@ async fn run_serves_the_configured_address_until_shutdown() {
         .unwrap()
         .port();
     let mut cfg = config();
-    cfg.listen = format!("127.0.0.1:{port}").parse().unwrap();
+    cfg.endpoints.listen = format!("127.0.0.1:{port}").parse().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let served = tokio::spawn(specmesh_server::run::<specmesh_drafter::Drafter>(
         cfg,

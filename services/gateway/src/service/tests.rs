@@ -34,7 +34,7 @@ impl Gateway {
             verifiers.iter().map(|v| v.endpoint.clone()).collect(),
             model,
         );
-        config.listen = "127.0.0.1:0".parse().unwrap();
+        config.endpoints.listen = "127.0.0.1:0".parse().unwrap();
         tweak(&mut config);
         let started = specmesh_server::start::<crate::Gateway>(config)
             .await
@@ -321,7 +321,7 @@ async fn no_reachable_verifier_is_unavailable() {
     let mut config = Config::new(vec![endpoint], model);
     // Fail at once rather than wait for the verifier to come back.
     config.placement_wait = Duration::ZERO;
-    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.endpoints.listen = "127.0.0.1:0".parse().unwrap();
     let started = specmesh_server::start::<crate::Gateway>(config)
         .await
         .expect("starting the gateway");
@@ -353,7 +353,10 @@ async fn health_reports_generation_serving_then_not_serving_on_shutdown() {
 
     let v = spawn_verifier(vec![]).await;
     // A Watch stream never ends by itself: only the grace period ends it.
-    let gw = Gateway::start(&[&v], |c| c.shutdown_grace = Duration::from_millis(300)).await;
+    let gw = Gateway::start(&[&v], |c| {
+        c.endpoints.shutdown_grace = Duration::from_millis(300)
+    })
+    .await;
     let channel = tonic::transport::Endpoint::from_shared(gw.endpoint.clone())
         .unwrap()
         .connect()
@@ -415,7 +418,10 @@ async fn shutdown_lets_a_running_stream_finish() {
 #[tokio::test]
 async fn shutdown_cuts_what_outlives_the_grace_period() {
     let v = spawn_verifier(vec![vec![started(), committed(0, "a", 0, 0), Step::Hang]]).await;
-    let mut gw = Gateway::start(&[&v], |c| c.shutdown_grace = Duration::from_millis(200)).await;
+    let mut gw = Gateway::start(&[&v], |c| {
+        c.endpoints.shutdown_grace = Duration::from_millis(200)
+    })
+    .await;
     let mut stream = gw
         .client
         .generate_stream(prompt("Q: ", 5))

@@ -19,12 +19,12 @@ use std::sync::OnceLock;
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 
-use specmesh_draft::Sources;
 use specmesh_engine::{SessionLimits, plain, step_batch};
 use specmesh_model::{LoadOptions, Sequence};
 use specmesh_planner::StepModel;
 use specmesh_sampling::SamplingParams;
 use specmesh_tokenizer::Tokenizer;
+use specmesh_tree::Sources;
 use specmesh_tree::{TreeBuilder, TreeLimits};
 
 use super::*;

@@ -3,6 +3,7 @@
 //! verified.
 
 use super::*;
+use crate::session::ledger::Awaited;
 
 /// The guess of a session that drafted its first tree from `repetitive()`
 /// (root 4, drafting 5 1 2 …): the target accepts 5, then (guessed) 1
@@ -22,7 +23,7 @@ fn guessed(s: &mut DraftSession) -> Plan {
     b.push(0, 7, 0.05).unwrap();
     let two = b.push(one, 2, 0.8).unwrap();
     b.push(two, 3, 0.7).unwrap();
-    s.guess = Some(crate::session::ahead::Guess {
+    s.guesses.pending = Some(crate::session::guess::Guess {
         base: s.context.len(),
         assumed: vec![5],
         tree: b.build(),
@@ -44,7 +45,7 @@ fn a_guess_that_held_is_the_next_tree_and_any_other_is_dropped() {
     assert_eq!(sent.wire().root_token, 1);
     let tokens: Vec<u32> = sent.wire().nodes.iter().map(|n| n.token).collect();
     assert_eq!(tokens, [2, 3]);
-    assert_eq!(s.ahead_stats().hits, 1);
+    assert_eq!(s.guess_stats().hits, 1);
     assert!(
         s.exposed_drafting() == 1.0,
         "drafting ahead is off: nothing hidden"
@@ -63,7 +64,7 @@ fn a_guess_that_held_is_the_next_tree_and_any_other_is_dropped() {
     first_tree(&mut s);
     let plan = guessed(&mut s);
     apply(&mut s, outcome(0, vec![0], vec![1])).unwrap();
-    assert!(!s.has_ready(&plan) && s.guess.is_none());
+    assert!(!s.has_ready(&plan) && s.guesses.pending.is_none());
 
     // A guess for another plan is not sent for this one.
     let mut s = session(repetitive(), 8, 1000).with_draft_ahead(true);
@@ -132,12 +133,12 @@ fn model_forwards_that_drafted_nothing_teach_a_refusal() {
         first_tree(&mut s);
         let root = *s.context.last().unwrap();
         let limits = specmesh_draft::TreeLimits::new(8, 4, 100);
-        s.awaited = Some(Awaited::Tree {
+        s.ledger.awaited = Some(Awaited::Tree {
             step: 0,
             tree: TokenTree::root_only(root, limits).unwrap(),
             arm: Arm::ModelFree,
         });
-        s.last_draft = (0.02, forwards, 0);
+        s.clock.last_draft = (0.02, forwards, 0);
         let before = s.arms.policy(Arm::ModelFree).unwrap().stats().rate(1);
         apply(&mut s, outcome(0, vec![], vec![5])).unwrap();
         let after = s.arms.policy(Arm::ModelFree).unwrap().stats().rate(1);

@@ -1,13 +1,12 @@
-//! `DraftStart` from the wire: the session a verifier asks a drafter to
-//! draft for, checked on its own. The drafter then checks it against its
-//! own limits (context length).
+//! `DraftStart` from the wire: the session a verifier asks this drafter
+//! to draft for, each field checked on its own. [`super::start`] then
+//! holds it to the drafter's own limits (context length).
 
 use specmesh_draft::{CostCurve, PolicyError, Sources, TenantKey};
+use specmesh_proto::field::{FieldError, check_id, check_tokens};
+use specmesh_proto::limits::{MAX_CURVE_POINTS, MAX_DEPTH, MAX_DRAFT_TOKENS};
+use specmesh_proto::{check_top_k, sources_from_wire, v1};
 use specmesh_sampling::SamplingParams;
-
-use crate::field::{FieldError, check_id, check_tokens};
-use crate::limits::{MAX_CURVE_POINTS, MAX_DEPTH, MAX_DRAFT_TOKENS};
-use crate::v1;
 
 /// Longest `target_model` accepted: a path, with room to spare.
 pub const MAX_MODEL_NAME_BYTES: usize = 4096;
@@ -95,42 +94,6 @@ impl TargetModel {
             &self.name
         }
     }
-}
-
-impl From<v1::DraftSources> for Sources {
-    fn from(s: v1::DraftSources) -> Sources {
-        match s {
-            v1::DraftSources::Auto => Sources::Auto,
-            v1::DraftSources::ModelFree => Sources::ModelFree,
-            v1::DraftSources::DraftModel => Sources::DraftModel,
-            v1::DraftSources::Combined => Sources::Combined,
-        }
-    }
-}
-
-impl From<Sources> for v1::DraftSources {
-    fn from(s: Sources) -> v1::DraftSources {
-        match s {
-            Sources::Auto => v1::DraftSources::Auto,
-            Sources::ModelFree => v1::DraftSources::ModelFree,
-            Sources::DraftModel => v1::DraftSources::DraftModel,
-            Sources::Combined => v1::DraftSources::Combined,
-        }
-    }
-}
-
-/// `sources` from the wire; `field` names it in the error.
-pub fn sources_from_wire(field: &str, sources: i32) -> Result<Sources, FieldError> {
-    v1::DraftSources::try_from(sources)
-        .map(Sources::from)
-        .map_err(|_| {
-            FieldError::new(
-                field,
-                format!(
-                    "is {sources}, not a DraftSources value (0 auto, 1 model-free, 2 draft model, 3 combined)"
-                ),
-            )
-        })
 }
 
 /// Why a session runs on the default cost curve.
@@ -222,7 +185,7 @@ impl TryFrom<v1::DraftStart> for StartSpec {
         }
         let sampling = SamplingParams::try_from(sampling.unwrap_or_default())
             .map_err(|e| FieldError::new(format!("start.{}", e.field), e.reason))?;
-        crate::check_top_k(&sampling, vocab_size as usize)
+        check_top_k(&sampling, vocab_size as usize)
             .map_err(|e| FieldError::new(format!("start.{}", e.field), e.reason))?;
         let (curve, curve_fallback) = match curve_from_wire(&cost_curve) {
             Ok(curve) => (curve, None),

@@ -17,7 +17,7 @@ pub(super) fn usage(
     completion_tokens: u32,
     cached_tokens: u32,
 ) -> Usage {
-    let accepted = crate::stats::common_subsequence(&request.prediction, output);
+    let accepted = crate::spec_stats::common_subsequence(&request.prediction, output);
     let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     Usage {
         prompt_tokens: request.prompt_len(),

@@ -31,7 +31,7 @@ use crate::members::Members;
 use crate::metrics::GatewayMetrics;
 use crate::output::{Calls, Delta, OutputBuilder};
 use crate::placement::{FailedOn, Placement, PlacementKey};
-use crate::stats::SpecStats;
+use crate::spec_stats::SpecStats;
 use crate::validate::ValidGenerateRequest;
 
 /// Where the loop delivers output as it is released.

@@ -1,13 +1,12 @@
-//! `RunRequest` from the wire: what a run asks, checked on its own. The
-//! verifier then checks it against its model (vocabulary, context) and its
-//! limits.
+//! `RunRequest` from the wire: what a run asks, each field checked on its
+//! own. [`super::ValidRun::from_wire`] then holds it to the verifier's
+//! model (vocabulary, context) and limits.
 
-use specmesh_draft::Sources;
 use specmesh_grammar::Structured;
+use specmesh_proto::field::{FieldError, check_id};
+use specmesh_proto::{logprobs_from_wire, sources_from_wire, structured_from_wire, v1};
 use specmesh_sampling::SamplingParams;
-
-use crate::field::{FieldError, check_id};
-use crate::v1;
+use specmesh_tree::Sources;
 
 /// A `RunRequest` whose fields are each well formed.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,7 +111,7 @@ impl TryFrom<v1::RunRequest> for RunSpec {
         check_id("tenant", &r.tenant)?;
         check_id("cache_salt", &r.cache_salt)?;
         let sampling = SamplingParams::try_from(r.sampling.unwrap_or_default())?;
-        let logprobs = crate::logprobs_from_wire(r.logprobs, r.top_logprobs)?;
+        let logprobs = logprobs_from_wire(r.logprobs, r.top_logprobs)?;
         let draft = match r.draft {
             Some(d) if !d.endpoint.is_empty() => {
                 if d.endpoint.parse::<tonic::transport::Uri>().is_err() {
@@ -122,7 +121,7 @@ impl TryFrom<v1::RunRequest> for RunSpec {
                     ));
                 }
                 check_id("draft.tenant", &d.tenant)?;
-                let sources = crate::sources_from_wire("draft.sources", d.sources)?;
+                let sources = sources_from_wire("draft.sources", d.sources)?;
                 if d.fallback_endpoints.len() > MAX_FALLBACK_DRAFTERS {
                     return Err(FieldError::new(
                         "draft.fallback_endpoints",
@@ -167,7 +166,7 @@ impl TryFrom<v1::RunRequest> for RunSpec {
             }),
             tenant: r.tenant,
             cache_salt: r.cache_salt,
-            structured: crate::structured_from_wire(r.structured),
+            structured: structured_from_wire(r.structured),
             logprobs,
             min_new_tokens: r.min_new_tokens as usize,
             ignore_eos: r.ignore_eos,

@@ -31,12 +31,13 @@
 //! guess held, so its context is the real one), and each keeps that
 //! distribution.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use specmesh_draft::{Budget, DraftContext, TokenTree};
 
+use super::ledger::Awaited;
 use super::report::best_path;
-use super::{Awaited, DraftSession, Plan};
+use super::{DraftSession, Plan};
 
 /// Nodes the guess may draft beyond the next tree's budget: its root's
 /// children (the guessed next tokens) are not part of any next tree, and a
@@ -68,9 +69,37 @@ pub(super) struct Guess {
     pub(super) plan: Plan,
 }
 
+/// The session's drafting ahead; see the module docs.
+#[derive(Debug, Default)]
+pub(super) struct Guesses {
+    /// Draft model trees are drafted ahead.
+    pub(super) on: bool,
+    /// The guess drafted ahead, until the outcome it guessed arrives.
+    pub(super) pending: Option<Guess>,
+    /// A guess that held: the next tree, for the plan it was drafted for.
+    pub(super) ready: Option<(Plan, TokenTree)>,
+    /// Moving average of the guesses that held.
+    pub(super) hit_rate: f64,
+    /// The guess's context (reused: no allocation per step).
+    pub(super) context: Vec<u32>,
+    pub(super) stats: GuessStats,
+    /// `stats.secs` as last reported on a tree.
+    pub(super) reported_secs: f64,
+}
+
+impl Guesses {
+    /// The time spent drafting guesses since the last tree reported it
+    /// (`TokenTree.ahead_micros`), now reported.
+    pub(super) fn unreported_time(&mut self) -> Duration {
+        let secs = (self.stats.secs - self.reported_secs).max(0.0);
+        self.reported_secs = self.stats.secs;
+        Duration::from_secs_f64(secs)
+    }
+}
+
 /// Drafting ahead's counters, for the session's closing line.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct AheadStats {
+pub struct GuessStats {
     /// Guesses drafted.
     pub drafted: u64,
     /// Guesses that held: their tree was sent.
@@ -87,7 +116,7 @@ pub struct AheadStats {
     pub max_depth: usize,
 }
 
-impl AheadStats {
+impl GuessStats {
     /// Guesses that held, of those drafted (0 before any).
     pub fn hit_rate(&self) -> f64 {
         if self.drafted == 0 {
@@ -109,15 +138,16 @@ impl DraftSession {
     /// [`Self::wants_ahead`] but for the time a guess has.
     fn could_guess(&self) -> bool {
         let tree_out = matches!(
-            &self.awaited,
+            &self.ledger.awaited,
             Some(Awaited::Tree { tree, arm, .. }) if tree.len() > 1 && arm.uses_model()
         );
         let model_next = self
-            .deferred
+            .ledger
+            .kept
             .is_some_and(|p| p.arm.uses_model() && !p.budget.is_off());
-        self.draft_ahead
+        self.guesses.on
             && self.drafter.has_model()
-            && self.guess.is_none()
+            && self.guesses.pending.is_none()
             && tree_out
             && model_next
     }
@@ -126,10 +156,11 @@ impl DraftSession {
     /// more than its tree: the guessed next token), cut to what fits before
     /// the outcome; `None` while no plan is kept.
     fn guess_depth(&self) -> Option<usize> {
-        let wanted = self.deferred?.budget.max_depth + 1;
+        let wanted = self.ledger.kept?.budget.max_depth + 1;
         Some(
-            self.live
-                .guess_depth(self.forward_secs, wanted)
+            self.clock
+                .live
+                .guess_depth(self.clock.forward_secs, wanted)
                 .unwrap_or(wanted),
         )
     }
@@ -137,7 +168,7 @@ impl DraftSession {
     /// The tokens a guess drafted now assumes committed before the target's
     /// own: the awaited model tree's best path below its root.
     pub fn guess_assumes(&self) -> Option<Vec<u32>> {
-        let Some(Awaited::Tree { tree, .. }) = &self.awaited else {
+        let Some(Awaited::Tree { tree, .. }) = &self.ledger.awaited else {
             return None;
         };
         Some(
@@ -157,7 +188,7 @@ impl DraftSession {
     /// Counts a step that wanted a guess but had no time for one.
     pub fn note_no_time_to_guess(&mut self) {
         if self.could_guess() && self.guess_depth() == Some(0) {
-            self.ahead_stats.skipped += 1;
+            self.guesses.stats.skipped += 1;
         }
     }
 
@@ -167,11 +198,11 @@ impl DraftSession {
         if !self.wants_ahead() {
             return;
         }
-        let (Some(assumed), Some(plan)) = (self.guess_assumes(), self.deferred) else {
+        let (Some(assumed), Some(plan)) = (self.guess_assumes(), self.ledger.kept) else {
             return;
         };
         let base = self.context.len();
-        let mut tokens = std::mem::take(&mut self.ahead_context);
+        let mut tokens = std::mem::take(&mut self.guesses.context);
         tokens.clear();
         tokens.extend_from_slice(&self.context);
         tokens.extend_from_slice(&assumed);
@@ -180,21 +211,21 @@ impl DraftSession {
             max_nodes: plan.budget.max_nodes + EXTRA_NODES,
             max_depth: depth,
         };
-        self.ahead_stats.max_depth = self.ahead_stats.max_depth.max(depth);
+        self.guesses.stats.max_depth = self.guesses.stats.max_depth.max(depth);
         let ctx = DraftContext {
             tokens: &tokens,
-            prompt_len: self.prompt_len,
-            limits: budget.limits(self.vocab),
+            prompt_len: self.terms.prompt_len,
+            limits: budget.limits(self.terms.vocab),
         };
         let t0 = Instant::now();
         let before = self.drafter.model_stats().cancelled;
         let drafted = self.drafter.propose_model(&ctx);
-        self.ahead_stats.secs += t0.elapsed().as_secs_f64();
-        self.ahead_stats.cancelled += self.drafter.model_stats().cancelled - before;
-        self.ahead_stats.drafted += 1;
-        self.ahead_context = tokens;
+        self.guesses.stats.secs += t0.elapsed().as_secs_f64();
+        self.guesses.stats.cancelled += self.drafter.model_stats().cancelled - before;
+        self.guesses.stats.drafted += 1;
+        self.guesses.context = tokens;
         if let Some(tree) = drafted.filter(|t| t.len() > 1) {
-            self.guess = Some(Guess {
+            self.guesses.pending = Some(Guess {
                 base,
                 assumed,
                 tree,
@@ -206,7 +237,7 @@ impl DraftSession {
     /// After an outcome is applied: whether the guess held. A guess that
     /// held becomes the next tree, ready to send; any other is dropped.
     pub(super) fn settle_guess(&mut self) {
-        let Some(g) = self.guess.take() else {
+        let Some(g) = self.guesses.pending.take() else {
             return;
         };
         let n = g.base + g.assumed.len();
@@ -214,23 +245,28 @@ impl DraftSession {
         let next = held
             .then(|| g.tree.child_with(0, self.context[n]))
             .flatten()
-            .and_then(|child| g.tree.subtree(child, g.plan.budget.limits(self.vocab)).ok())
+            .and_then(|child| {
+                g.tree
+                    .subtree(child, g.plan.budget.limits(self.terms.vocab))
+                    .ok()
+            })
             .filter(|t| t.len() > 1);
         let hit = next.is_some();
-        self.hit_rate += HIT_EMA * (f64::from(u8::from(hit)) - self.hit_rate);
-        self.ready = next.map(|tree| (g.plan, tree));
+        self.guesses.hit_rate += HIT_EMA * (f64::from(u8::from(hit)) - self.guesses.hit_rate);
+        self.guesses.ready = next.map(|tree| (g.plan, tree));
     }
 
     /// The tree the guess held for `plan`, if it did.
     pub(super) fn take_ready(&mut self, plan: &Plan) -> Option<TokenTree> {
-        let (for_plan, tree) = self.ready.take()?;
+        let (for_plan, tree) = self.guesses.ready.take()?;
         (for_plan.arm == plan.arm && for_plan.budget == plan.budget).then_some(tree)
     }
 
     /// Whether the tree due for `plan` is a guess that held (nothing to
     /// draft).
     pub(super) fn has_ready(&self, plan: &Plan) -> bool {
-        self.ready
+        self.guesses
+            .ready
             .as_ref()
             .is_some_and(|(p, _)| p.arm == plan.arm && p.budget == plan.budget)
     }
@@ -238,15 +274,15 @@ impl DraftSession {
     /// The share of a model tree's drafting the verifier still sees: what
     /// the guesses that held did not hide.
     pub(super) fn exposed_drafting(&self) -> f64 {
-        if self.draft_ahead {
-            1.0 - self.hit_rate
+        if self.guesses.on {
+            1.0 - self.guesses.hit_rate
         } else {
             1.0
         }
     }
 
     /// Drafting ahead's counters.
-    pub fn ahead_stats(&self) -> AheadStats {
-        self.ahead_stats
+    pub fn guess_stats(&self) -> GuessStats {
+        self.guesses.stats
     }
 }

@@ -8,9 +8,9 @@ use tokio::sync::mpsc;
 use tracing::{Instrument, Span, error, info};
 
 use super::{Admitted, STREAM_BUFFER, State};
-use crate::decode::{ClientGone, DeltaSink, RequestContext, Summary};
 use crate::error::GatewayError;
 use crate::output::Delta;
+use crate::stream::{ClientGone, DeltaSink, RequestContext, Summary};
 
 /// What a running generation delivers, in order: deltas as they are
 /// released, then its end.
