@@ -88,6 +88,19 @@ impl Endpoints {
     }
 }
 
+impl ServerArgs {
+    /// Where and how the service serves, as these flags say.
+    pub fn endpoints(&self) -> Endpoints {
+        Endpoints {
+            listen: self.listen,
+            metrics_listen: self.metrics_listen,
+            health_listen: self.health_listen,
+            tls: self.tls.clone(),
+            shutdown_grace: std::time::Duration::from_secs(self.shutdown_grace_secs),
+        }
+    }
+}
+
 /// Registers a service's collectors with the registry `/metrics` serves.
 pub type RegisterMetrics = Box<dyn FnOnce(&Registry) -> anyhow::Result<()> + Send>;
 

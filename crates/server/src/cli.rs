@@ -72,17 +72,6 @@ pub struct ServerArgs {
 }
 
 impl ServerArgs {
-    /// Where and how the service serves, as these flags say.
-    pub fn endpoints(&self) -> crate::Endpoints {
-        crate::Endpoints {
-            listen: self.listen,
-            metrics_listen: self.metrics_listen,
-            health_listen: self.health_listen,
-            tls: self.tls.clone(),
-            shutdown_grace: std::time::Duration::from_secs(self.shutdown_grace_secs),
-        }
-    }
-
     /// Applies `--cpus` to the process, if given: call first thing in
     /// `main`, before loading anything.
     pub fn pin(&self) -> anyhow::Result<()> {
