@@ -15,8 +15,7 @@ use crate::isa::Isa;
 use crate::packed::blocks32::{Q5_0_BITS, Q5_0_NIBBLES};
 use crate::packed::group_block_bytes;
 use crate::packed::x86::{
-    GroupOut, PairFn, halves_pair, load_pair, pair_blocks_ahead, pair_entry, prefetch_block,
-    store_pair,
+    GroupOut, PairFn, entry, halves_pair, load_pair, pair_blocks_ahead, prefetch_block, store_pair,
 };
 
 /// Four activation bytes starting at `at`, broadcast to every 32-bit lane
@@ -242,10 +241,10 @@ unsafe fn offset_pair<const Q5: bool, const T: usize>(
     }
 }
 
-pair_entry!(q4_1_pair, q4_1_pair_512);
-pair_entry!(q8_0_pair, q8_0_pair_512);
-pair_entry!(offset_pair::<false>, q4_0_pair_512);
-pair_entry!(offset_pair::<true>, q5_0_pair_512);
+entry!(pair q4_1_pair [], q4_1_pair_512);
+entry!(pair q8_0_pair [], q8_0_pair_512);
+entry!(pair offset_pair [false], q4_0_pair_512);
+entry!(pair offset_pair [true], q5_0_pair_512);
 
 /// The two-group kernel for Q4_0, Q4_1, Q5_0 or Q8_0, on AVX-512 VNNI only.
 pub(crate) fn pair_fn(isa: Isa, fmt: QFormat) -> Option<PairFn> {

@@ -28,7 +28,7 @@ use crate::packed::kquant::{
     Q4_K_DMIN, Q4_K_GBB, Q4_K_MIN, Q4_K_NIB, Q4_K_SC, Q6_K_GBB, Q6_K_GROUP, Q6_K_SC, Q6_K_VALUES,
 };
 use crate::packed::x86::{
-    GroupFn, GroupOut, PREFETCH_AHEAD, blocks_ahead, prefetch_block, prefetch_slice,
+    GroupFn, GroupOut, PREFETCH_AHEAD, blocks_ahead, entry, prefetch_block, prefetch_slice,
 };
 
 /// Four activation bytes starting at `at`, broadcast to every 32-bit lane.
@@ -420,42 +420,10 @@ unsafe fn q4_0_group<const T: usize>(
     }
 }
 
-macro_rules! entry {
-    ($kernel:ident, $name:ident) => {
-        /// A [`GroupFn`] on AVX2 (used on every x86 ISA).
-        ///
-        /// # Safety
-        /// As for [`GroupFn`]: `data` is a packed matrix of `nb` blocks (or
-        /// super-blocks) per row with at least `g + 1` groups, rows
-        /// `r0..r0 + t` exist in `acts` in the format's activation layout,
-        /// and the CPU supports AVX2, FMA and F16C (every non-scalar
-        /// `Isa` implies them, and the dispatcher only hands this out for
-        /// one that `Isa::supported` confirmed).
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $name(
-            data: &[u8],
-            nb: usize,
-            g: usize,
-            acts: &QuantizedRows,
-            r0: usize,
-            t: usize,
-            out: &mut GroupOut,
-        ) {
-            unsafe {
-                match t {
-                    1 => $kernel::<1>(data, nb, g, acts, r0, out),
-                    2 => $kernel::<2>(data, nb, g, acts, r0, out),
-                    3 => $kernel::<3>(data, nb, g, acts, r0, out),
-                    _ => $kernel::<4>(data, nb, g, acts, r0, out),
-                }
-            }
-        }
-    };
-}
-entry!(q4_k_group, q4_k);
-entry!(q6_k_group, q6_k);
-entry!(q5_0_group, q5_0);
-entry!(q4_0_group, q4_0);
+entry!(group q4_k_group [], q4_k, "avx2,fma,f16c");
+entry!(group q6_k_group [], q6_k, "avx2,fma,f16c");
+entry!(group q5_0_group [], q5_0, "avx2,fma,f16c");
+entry!(group q4_0_group [], q4_0, "avx2,fma,f16c");
 
 /// The AVX2 kernel for a K-quant, Q5_0 or Q4_0 (`nb` is then the number of
 /// 256-element super-blocks, or of 32-element blocks, per row).

@@ -28,8 +28,7 @@ use crate::packed::kquant::{
     Q4_K_DMIN, Q4_K_GBB, Q4_K_MIN, Q4_K_NIB, Q4_K_SC, Q6_K_GBB, Q6_K_GROUP, Q6_K_SC, Q6_K_VALUES,
 };
 use crate::packed::x86::{
-    GroupOut, PREFETCH_AHEAD, PairFn, halves_pair, load_pair, pair_entry, prefetch_slice,
-    store_pair,
+    GroupOut, PREFETCH_AHEAD, PairFn, entry, halves_pair, load_pair, prefetch_slice, store_pair,
 };
 
 // With one or two activation rows each row's products go to four
@@ -424,8 +423,8 @@ pub(crate) unsafe fn q6_k_finish(
     }
 }
 
-pair_entry!(q4_k_pair, q4_k_pair_512);
-pair_entry!(q6_k_pair, q6_k_pair_512);
+entry!(pair q4_k_pair [], q4_k_pair_512);
+entry!(pair q6_k_pair [], q6_k_pair_512);
 
 /// The two-group K-quant kernel for `fmt`, on AVX-512 VNNI only.
 pub(crate) fn pair_fn(isa: Isa, fmt: QFormat) -> Option<PairFn> {

@@ -197,44 +197,78 @@ unsafe fn q8_0_group<D: Dot4, const T: usize>(
     }
 }
 
+/// The one way a packed kernel becomes a [`GroupFn`] or a [`PairFn`]:
+///
+/// - `entry!(group kernel [lead..], name, "features")` defines `name`, a
+///   `GroupFn` running `kernel::<lead.., T>` for `T` = 1..=4 activation
+///   rows (more rows come in calls of 4) under the target features given;
+/// - `entry!(pair kernel [lead..], name)` defines `name`, a `PairFn`
+///   running `kernel::<lead.., T>` for `T` = 1..=8 on AVX-512 VNNI.
+///
+/// `lead` are the kernel's own const or type parameters before `T`
+/// (`[Avx2]`, `[false]`, or `[]`).
+macro_rules! entry {
+    (group $kernel:ident $lead:tt, $name:ident, $features:literal) => {
+        $crate::packed::x86::entry!(
+            @fn $kernel $lead, $name, $features, $crate::packed::x86::GroupOut, 4, 1 2 3
+        );
+    };
+    (pair $kernel:ident $lead:tt, $name:ident) => {
+        $crate::packed::x86::entry!(
+            @fn $kernel $lead, $name,
+            "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+            [$crate::packed::x86::GroupOut; 2], 8, 1 2 3 4 5 6 7
+        );
+    };
+    (@fn $kernel:ident $lead:tt, $name:ident, $features:literal, $out:ty, $most:literal,
+     $($n:literal)*) => {
+        /// A [`GroupFn`](crate::packed::x86::GroupFn) or
+        /// [`PairFn`](crate::packed::x86::PairFn), as its `out` says.
+        ///
+        /// # Safety
+        /// As for those types: `data` is a packed matrix of `nb` blocks (or
+        /// super-blocks) per row holding group `g` (and `g + 1` for a
+        /// pair), rows `r0..r0 + t` exist in `acts` in the format's
+        /// activation layout, and the CPU supports the target features
+        /// (checked by `Isa::supported` before the dispatcher hands this
+        /// function out).
+        #[target_feature(enable = $features)]
+        unsafe fn $name(
+            data: &[u8],
+            nb: usize,
+            g: usize,
+            acts: &$crate::act::QuantizedRows,
+            r0: usize,
+            t: usize,
+            out: &mut $out,
+        ) {
+            unsafe {
+                match t {
+                    $($n => $crate::packed::x86::entry!(
+                        @call $kernel $lead, $n, (data, nb, g, acts, r0, out)
+                    ),)*
+                    _ => $crate::packed::x86::entry!(
+                        @call $kernel $lead, $most, (data, nb, g, acts, r0, out)
+                    ),
+                }
+            }
+        }
+    };
+    (@call $kernel:ident [$($lead:tt),*], $n:literal, ($($arg:expr),*)) => {
+        $kernel::<$($lead,)* $n>($($arg),*)
+    };
+}
+// Every packed x86 kernel module enters through it.
+pub(crate) use entry;
+
+/// The Q4_1 and Q8_0 group kernels of one instruction set, and their
+/// dispatcher.
 macro_rules! entry_points {
-    ($name:ident, $dot:ty, $features:literal) => {
+    ($name:ident, $dot:ident, $features:literal) => {
         mod $name {
             use super::*;
-            macro_rules! dispatch {
-                ($kernel:ident, $fn_name:ident) => {
-                    /// A [`GroupFn`] for this ISA.
-                    ///
-                    /// # Safety
-                    /// As for [`GroupFn`]: `data` is a packed matrix of
-                    /// `nb` blocks per row with at least `g + 1` groups,
-                    /// rows `r0..r0 + t` exist in `acts`, and the CPU
-                    /// supports this module's target features (checked by
-                    /// `Isa::supported` before the dispatcher hands this
-                    /// function out).
-                    #[target_feature(enable = $features)]
-                    pub(super) unsafe fn $fn_name(
-                        data: &[u8],
-                        nb: usize,
-                        g: usize,
-                        acts: &QuantizedRows,
-                        r0: usize,
-                        t: usize,
-                        out: &mut GroupOut,
-                    ) {
-                        unsafe {
-                            match t {
-                                1 => $kernel::<$dot, 1>(data, nb, g, acts, r0, out),
-                                2 => $kernel::<$dot, 2>(data, nb, g, acts, r0, out),
-                                3 => $kernel::<$dot, 3>(data, nb, g, acts, r0, out),
-                                _ => $kernel::<$dot, 4>(data, nb, g, acts, r0, out),
-                            }
-                        }
-                    }
-                };
-            }
-            dispatch!(q4_1_group, q4_1);
-            dispatch!(q8_0_group, q8_0);
+            entry!(group q4_1_group [$dot], q4_1, $features);
+            entry!(group q8_0_group [$dot], q8_0, $features);
 
             pub(super) fn group_fn(fmt: QFormat) -> GroupFn {
                 match fmt {
@@ -393,46 +427,3 @@ pub(crate) unsafe fn store_pair<const R: usize>(
         );
     }
 }
-
-macro_rules! pair_entry {
-    // A kernel with leading const parameters of its own (`kernel::<A, B>`)
-    // before the activation row count.
-    ($kernel:ident, $fn_name:ident) => {
-        pair_entry!($kernel::<>, $fn_name);
-    };
-    ($kernel:ident::<$($c:literal),*>, $fn_name:ident) => {
-        /// A [`PairFn`] on AVX-512 VNNI.
-        ///
-        /// # Safety
-        /// As for [`PairFn`]: `data` is a packed matrix of `nb` blocks (or
-        /// super-blocks) per row with at least `g + 2` groups, rows
-        /// `r0..r0 + t` exist in `acts` in the format's block size, and the
-        /// CPU supports AVX-512 VNNI (checked by
-        /// `Isa::supported` before [`pair_fn`] is asked for this kernel).
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn $fn_name(
-            data: &[u8],
-            nb: usize,
-            g: usize,
-            acts: &QuantizedRows,
-            r0: usize,
-            t: usize,
-            out: &mut [GroupOut; 2],
-        ) {
-            unsafe {
-                match t {
-                    1 => $kernel::<$($c,)* 1>(data, nb, g, acts, r0, out),
-                    2 => $kernel::<$($c,)* 2>(data, nb, g, acts, r0, out),
-                    3 => $kernel::<$($c,)* 3>(data, nb, g, acts, r0, out),
-                    4 => $kernel::<$($c,)* 4>(data, nb, g, acts, r0, out),
-                    5 => $kernel::<$($c,)* 5>(data, nb, g, acts, r0, out),
-                    6 => $kernel::<$($c,)* 6>(data, nb, g, acts, r0, out),
-                    7 => $kernel::<$($c,)* 7>(data, nb, g, acts, r0, out),
-                    _ => $kernel::<$($c,)* 8>(data, nb, g, acts, r0, out),
-                }
-            }
-        }
-    };
-}
-// The K-quant pair kernels (`packed_kquant_512`) enter the same way.
-pub(crate) use pair_entry;
